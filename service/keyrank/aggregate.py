@@ -1,0 +1,81 @@
+"""Stage 6: fold the scores of a document's sequences into one score.
+
+``max`` (MaxP), ``sum`` (SumP), ``mean`` (AvgP), ``single`` (FirstP, KeyB2: one
+sequence per document), and PARADE-Max / PARADE-Avg (Li et al., 2020): the
+element-wise max / mean of the windows' pooled [CLS] vectors, put through the
+cross-encoder's own classification head. Vectorised with ``reduceat`` over the
+sequences, which come grouped by document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+METHODS = ("single", "max", "sum", "mean", "parade-max", "parade-avg")
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifierHead:
+    """The cross-encoder's final Linear (exported next to the model)."""
+
+    weight: np.ndarray
+    """float32 [num_labels, H]."""
+    bias: np.ndarray
+    """float32 [num_labels]."""
+
+    def __call__(self, pooled: np.ndarray) -> np.ndarray:
+        # One relevance logit: the last label's (num_labels is 1 for rerankers).
+        return (pooled @ self.weight.T + self.bias)[:, -1]
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregated:
+    """One score per document and the sequence that argues for it."""
+
+    scores: np.ndarray
+    """float64 [D] document scores."""
+    best: np.ndarray
+    """int64 [D] index of the document's highest-scoring sequence (its evidence)."""
+
+
+def aggregate(
+    method: str,
+    doc_of: np.ndarray,
+    logits: np.ndarray,
+    pooled: np.ndarray | None = None,
+    head: ClassifierHead | None = None,
+) -> Aggregated:
+    """``doc_of`` [S] (non-decreasing, every document present) maps sequences to documents."""
+    if method not in METHODS:
+        raise ValueError(f"unknown aggregation {method!r}; expected one of {METHODS}")
+    if doc_of.shape[0] and np.any(np.diff(doc_of) < 0):
+        raise ValueError("sequences must be grouped by document")
+    logits = np.asarray(logits, dtype=np.float64)
+    firsts = np.flatnonzero(np.concatenate(([True], doc_of[1:] != doc_of[:-1])))
+    counts = np.diff(np.append(firsts, doc_of.shape[0]))
+    # Highest logit per document: sort by (document, -logit), take each group's first.
+    order = np.lexsort((-logits, doc_of))
+    best = order[firsts]
+
+    if method == "single":
+        if np.any(counts != 1):
+            raise ValueError("'single' aggregation needs exactly one sequence per document")
+        scores = logits[firsts]
+    elif method == "max":
+        scores = logits[best]
+    elif method == "sum":
+        scores = np.add.reduceat(logits, firsts)
+    elif method == "mean":
+        scores = np.add.reduceat(logits, firsts) / counts
+    else:
+        if pooled is None or head is None:
+            raise ValueError(f"{method} needs the pooled vectors and the classifier head")
+        pooled = np.asarray(pooled, dtype=np.float64)
+        if method == "parade-max":
+            folded = np.maximum.reduceat(pooled, firsts, axis=0)
+        else:
+            folded = np.add.reduceat(pooled, firsts, axis=0) / counts[:, None]
+        scores = head(folded)
+    return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=best)

@@ -1,0 +1,88 @@
+"""All settings in one place: read from the environment (prefix ``KEYRANK_``).
+
+Defaults are the papers' parameters (DESIGN.md) and limits a shared service
+can live with; every limit is answered by a 4xx that names it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Strategy = Literal["firstp", "maxp", "sump", "avgp", "parade-max", "parade-avg", "keyb2"]
+Selector = Literal["bm25", "dense", "cross"]
+
+STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
+SELECTORS: tuple[str, ...] = Selector.__args__  # type: ignore[attr-defined]
+
+
+class Settings(BaseSettings):
+    """Service configuration; every field can be set as ``KEYRANK_<NAME>``."""
+
+    model_config = SettingsConfigDict(env_prefix="KEYRANK_", env_file=None, extra="ignore")
+
+    # --- where things are ---------------------------------------------------
+    model_dir: Path = Field(Path("models"), description="Output of `keyrank prepare`: triton/, triton-embedded/, gateway/.")
+    triton_url: str | None = Field(None, description="host:port of an external Triton's gRPC endpoint; unset = embedded Triton started by `keyrank serve`.")
+    triton_model: str = Field("cross_encoder", description="Name of the cross-encoder in the Triton repository.")
+    host: str = Field("127.0.0.1", description="Gateway bind address.")
+    port: int = Field(8080, description="Gateway port.")
+
+    # --- model input shape (papers) ----------------------------------------
+    max_sequence_length: int = Field(512, description="Cross-encoder input length, [CLS] q [SEP] p [SEP] included.")
+    query_max_tokens: int = Field(32, description="Query tokens fed to the model (KeyB2/PARADE use 32); longer queries are cut.")
+    keyb2_budget_tokens: int = Field(480, description="Document tokens of selected blocks (KeyB2); capped by what fits next to the query.")
+    block_max_tokens: int = Field(63, description="CogLTX block size limit in tokens.")
+    block_cost: float = Field(1.0, description="Per-block cost in the segmentation DP, so blocks are not needlessly short.")
+    window_stride: int | None = Field(None, description="MaxP/SumP stride in tokens; unset = half a window.")
+    max_windows_per_doc: int = Field(64, description="Cap on windows per document (maxp/sump/avgp/parade); cuts are reported.")
+
+    # --- selectors -----------------------------------------------------------
+    bm25_k1: float = Field(0.9, description="BM25 k1 (Anserini default).")
+    bm25_b: float = Field(0.4, description="BM25 b (Anserini default).")
+    bm25_idf_table: Path | None = Field(None, description="JSON {term: idf}; unset = smoothed IDF over the request's blocks.")
+    dense_cache_size: int = Field(200_000, description="Block embeddings kept in the dense selector's LRU cache.")
+    dense_batch_size: int = Field(64, description="Blocks per bi-encoder ONNX Runtime call.")
+    dense_threads: int = Field(0, description="ONNX Runtime intra-op threads for the bi-encoder; 0 = library default.")
+
+    # --- Triton client -------------------------------------------------------
+    length_buckets: list[int] = Field([64, 128, 256, 384, 512], description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")
+    triton_batch_size: int = Field(32, description="Sequences per Triton request.")
+    triton_max_in_flight: int = Field(8, description="Concurrent Triton requests per gateway process.")
+
+    # --- deadlines and failure ----------------------------------------------
+    request_timeout_s: float = Field(30.0, description="Deadline for one /rerank; past it the answer is 503.")
+    triton_connect_timeout_s: float = Field(1.0, description="Health/readiness probe timeout towards Triton.")
+    retry_after_s: int = Field(1, description="Retry-After header on 503.")
+
+    # --- request limits (each a named 4xx) ----------------------------------
+    max_body_bytes: int = Field(16 * 1024 * 1024, description="Largest accepted request body (413).")
+    max_documents: int = Field(1000, description="Most documents per request (422).")
+    max_document_chars: int = Field(400_000, description="Most characters per document (422).")
+    max_query_chars: int = Field(2_000, description="Most characters in the query (422).")
+
+    # --- API -------------------------------------------------------------------
+    api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
+    default_strategy: Strategy = "keyb2"
+    default_selector: Selector = "bm25"
+
+    # --- embedded Triton (keyrank serve without --triton-url) ---------------
+    embedded_http_port: int = Field(8000, description="Embedded Triton HTTP port (loopback only).")
+    embedded_grpc_port: int = Field(8001, description="Embedded Triton gRPC port (loopback only).")
+    embedded_metrics_port: int = Field(8002, description="Embedded Triton metrics port (loopback only).")
+    embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
+    embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
+
+    @property
+    def gateway_dir(self) -> Path:
+        """Gateway-side assets: tokenizer, classifier head, bi-encoder."""
+        return self.model_dir / "gateway"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

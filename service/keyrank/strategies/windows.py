@@ -1,0 +1,16 @@
+"""MaxP / SumP / AvgP / PARADE: every window of the document is one passage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from keyrank.segment import Spans
+from keyrank.strategies import Passage
+
+
+def window_passages(doc: int, spans: Spans) -> list[Passage]:
+    """One passage per window, each remembering its window index for evidence."""
+    return [
+        Passage(doc, spans.starts[i : i + 1], spans.ends[i : i + 1], np.array([i], dtype=np.int64))
+        for i in range(len(spans))
+    ]

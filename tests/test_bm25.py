@@ -1,0 +1,76 @@
+"""BM25 block scores against reference implementations (rank-bm25, scikit-learn)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rank_bm25 import BM25Okapi
+from sklearn.feature_extraction.text import TfidfVectorizer
+
+from keyrank.select.bm25 import IdfTable, block_terms, bm25_scores, smoothed_idf, term_mask
+from keyrank.tokenize import TextTokenizer
+from shared_data import CE_MODEL, DATASETS
+
+TOKENIZER = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+IS_TERM = term_mask(TOKENIZER)
+
+token_lists = st.lists(st.lists(st.integers(1000, 1030), min_size=0, max_size=40), min_size=1, max_size=25)
+
+
+def _as_blocks(corpus):
+    return block_terms([np.asarray(doc, dtype=np.int64) for doc in corpus], np.ones(2000, dtype=bool))
+
+
+@settings(max_examples=200, deadline=None)
+@given(token_lists, st.lists(st.integers(1000, 1030), min_size=1, max_size=6), st.floats(0.1, 2.0), st.floats(0.0, 1.0))
+def test_bm25_equals_rank_bm25_given_the_same_idf(corpus, query, k1, b):
+    if sum(map(len, corpus)) == 0:
+        return
+    reference = BM25Okapi([list(map(str, doc)) for doc in corpus], k1=k1, b=b)
+    # Same IDF as the reference (its own Robertson-Sparck-Jones variant) so only the BM25 sum is compared.
+    table = IdfTable({int(t): v for t, v in reference.idf.items()}, default=0.0)
+    ours = bm25_scores(np.asarray(query, dtype=np.int64), _as_blocks(corpus), k1=k1, b=b, idf_table=table)
+    np.testing.assert_allclose(ours, reference.get_scores(list(map(str, query))), rtol=1e-9, atol=1e-9)
+
+
+def test_default_idf_is_scikit_learns_smoothed_idf():
+    corpus = [[1000, 1001, 1002], [1001, 1003], [1001, 1002, 1004, 1004], [1005]]
+    vectorizer = TfidfVectorizer(analyzer=lambda doc: doc, smooth_idf=True).fit([list(map(str, d)) for d in corpus])
+    reference = dict(zip(vectorizer.get_feature_names_out(), vectorizer.idf_))
+    df = np.array([sum(t in d for d in corpus) for t in (1000, 1001, 1002, 1003, 1004, 1005)])
+    ours = smoothed_idf(df, len(corpus))
+    np.testing.assert_allclose(ours, [reference[str(t)] for t in (1000, 1001, 1002, 1003, 1004, 1005)])
+
+
+def test_bm25_on_real_text_finds_the_paragraph_of_most_questions():
+    squad = json.loads((DATASETS / "squad2-dev-half" / "dev-v2.0.json").read_text())
+    paragraphs = squad["data"][0]["paragraphs"]
+    enc = TOKENIZER.encode_documents([p["context"] for p in paragraphs])
+    blocks = block_terms([e.ids for e in enc], IS_TERM)
+    hits, total = 0, 0
+    for index, paragraph in enumerate(paragraphs):
+        for qa in paragraph["qas"]:
+            if qa.get("is_impossible"):
+                continue
+            query = TOKENIZER.encode_query(qa["question"], 32).ids
+            hits += int(np.argmax(bm25_scores(query[IS_TERM[query]], blocks)) == index)
+            total += 1
+    # Chance is 1 / len(paragraphs) (~2%); lexical matching should find most answers.
+    assert total > 50 and hits / total > 0.5
+
+
+def test_punctuation_is_not_a_term():
+    enc = TOKENIZER.encode_documents(["Hello, world! (really) ##"])[0]
+    kept = [TOKENIZER.id_to_token(int(t)) for t in enc.ids[IS_TERM[enc.ids]]]
+    assert kept == ["hello", "world", "really"]
+
+
+@pytest.mark.parametrize("k1,b", [(0.9, 0.4), (1.2, 0.75)])
+def test_a_block_without_query_terms_scores_zero(k1, b):
+    blocks = _as_blocks([[1000, 1001], [1002, 1003]])
+    scores = bm25_scores(np.array([1000]), blocks, k1=k1, b=b)
+    assert scores[0] > 0 and scores[1] == 0

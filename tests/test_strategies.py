@@ -1,0 +1,65 @@
+"""Strategy inputs: what the model reads for each document."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from keyrank.segment import Spans
+from keyrank.strategies import model_input, passage_budget
+from keyrank.strategies.firstp import first_passage
+from keyrank.strategies.keyb2 import select_blocks
+from keyrank.tokenize import TextTokenizer
+from shared_data import CE_MODEL
+
+TOKENIZER = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+
+
+def _spans(lengths):
+    ends = np.cumsum(lengths).astype(np.int64)
+    return Spans(ends - np.asarray(lengths, dtype=np.int64), ends)
+
+
+@given(st.lists(st.integers(1, 63), min_size=1, max_size=80), st.integers(1, 600), st.data())
+def test_keyb2_never_exceeds_the_budget_and_restores_document_order(lengths, budget, data):
+    scores = np.asarray(data.draw(st.lists(st.floats(-5, 5), min_size=len(lengths), max_size=len(lengths))))
+    spans = _spans(lengths)
+    passage = select_blocks(0, spans, scores, budget)
+    assert passage.n_tokens == min(budget, sum(lengths))
+    assert np.all(np.diff(passage.starts) > 0)  # document order
+    assert np.all(passage.ends > passage.starts)
+    # The blocks kept whole are the top-scored ones: no left-out block outscores a kept one.
+    kept = set(passage.pieces.tolist())
+    dropped = [i for i in range(len(lengths)) if i not in kept]
+    if dropped and kept:
+        assert max(scores[dropped]) <= min(scores[sorted(kept)])
+
+
+def test_keyb2_truncates_only_the_last_block_taken():
+    spans = _spans([10, 10, 10, 10])
+    passage = select_blocks(0, spans, np.array([0.1, 0.9, 0.5, 0.7]), budget=25)
+    # Taken by score: block 1 (10), block 3 (10), block 2 (5 of 10); back in document order.
+    assert passage.pieces.tolist() == [1, 2, 3]
+    assert (passage.ends - passage.starts).tolist() == [10, 5, 10]
+    assert passage.starts.tolist() == [10, 20, 30]
+
+
+def test_firstp_never_sees_text_after_the_budget():
+    passage = first_passage(0, n_tokens=5000, budget=477)
+    assert passage.starts.tolist() == [0] and passage.ends.tolist() == [477]
+
+
+def test_model_input_is_cls_query_sep_passage_sep_with_token_types():
+    query = TOKENIZER.encode_query("what is keyb2", 32)
+    doc = TOKENIZER.encode_documents(["first block. second block. third block."])[0]
+    passage = select_blocks(0, _spans([3, 3, 3]), np.array([0.0, 1.0, 2.0]), budget=6)
+    ids, types = model_input(query, doc, passage, TOKENIZER.cls_id, TOKENIZER.sep_id)
+    expected = [TOKENIZER.cls_id, *query.ids, TOKENIZER.sep_id, *doc.ids[3:9], TOKENIZER.sep_id]
+    assert ids.tolist() == expected
+    assert types.tolist() == [0] * (len(query) + 2) + [1] * 7
+
+
+def test_passage_budget_keeps_every_sequence_within_512():
+    assert passage_budget(32, 512) == 477
+    assert 1 + 32 + 1 + passage_budget(32, 512) + 1 == 512
