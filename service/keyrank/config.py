@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     triton_model: str = Field("cross_encoder", description="Name of the cross-encoder in the Triton repository.")
     host: str = Field("127.0.0.1", description="Gateway bind address.")
     port: int = Field(8080, description="Gateway port.")
+    workers: int = Field(1, description="Uvicorn worker processes (each with its own Triton client).")
 
     # --- model input shape (papers) ----------------------------------------
     max_sequence_length: int = Field(512, description="Cross-encoder input length, [CLS] q [SEP] p [SEP] included.")
@@ -76,6 +77,12 @@ class Settings(BaseSettings):
     embedded_metrics_port: int = Field(8002, description="Embedded Triton metrics port (loopback only).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
+
+    def with_overrides(self, **overrides: object) -> "Settings":
+        """A copy with some fields replaced, validated like the environment would be."""
+        if not overrides:
+            return self
+        return type(self).model_validate({**self.model_dump(), **overrides})
 
     @property
     def gateway_dir(self) -> Path:

@@ -1,0 +1,139 @@
+"""`keyrank bench`: CPU preprocessing throughput against the raw tokenizer, in one run.
+
+Preprocessing = everything the gateway does before Triton: tokenize (with
+offsets) + segment + select + assemble the model inputs. Its speed is compared
+with a bare `tokenizers` batch encode of the same texts (the floor any gateway
+pays), as document tokens per second, median of ``--repeats`` runs. Also
+measured: the CogLTX DP compiled with numba against the same function as plain
+Python (``.py_func``), the reason numba is a dependency.
+
+    keyrank bench --model-dir models --docs 20 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from keyrank.config import get_settings
+from keyrank.reranker import Reranker
+from keyrank.segment import _cheapest_cut, blocks, break_costs
+from keyrank.strategies import model_input, passage_budget
+
+CASES = (("firstp", None), ("maxp", None), ("avgp", None), ("parade-max", None), ("keyb2", "bm25"), ("keyb2", "dense"))
+
+
+def meeting_documents(datasets: Path, count: int, max_chars: int) -> tuple[str, list[str]]:
+    """Long real documents: QMSum val transcripts (one turn per line), cut to ``max_chars``."""
+    docs, query = [], None
+    for path in sorted((datasets / "qmsum" / "val").glob("*.json"))[:count]:
+        meeting = json.loads(path.read_text())
+        text = "\n".join(f"{t['speaker']}: {t['content']}" for t in meeting["meeting_transcripts"])
+        docs.append(text[:max_chars])
+        if query is None and meeting.get("specific_query_list"):
+            query = meeting["specific_query_list"][0]["query"]
+    if not docs:
+        raise SystemExit(f"no QMSum meetings under {datasets / 'qmsum' / 'val'}")
+    return query or "what did the group decide", docs
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: numba compile, ONNX session, caches of the first call
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def preprocess(reranker: Reranker, query: str, docs: list[str], strategy: str, selector: str | None) -> int:
+    """The gateway's work before Triton, as in ``Reranker.arank``; returns the sequences built."""
+    q, encoded = reranker._tokenize(query, docs, None)
+    budget = passage_budget(len(q), reranker.settings.max_sequence_length)
+    pieces = reranker._segment(encoded, strategy, budget)
+    scores = []
+    if strategy == "keyb2":
+        scores, _ = asyncio.run(reranker._select(selector, query, q, encoded, pieces, deadline=time.monotonic() + 600))
+    passages = reranker._assemble(strategy, encoded, pieces, scores, budget)
+    inputs = [model_input(q, encoded[p.doc], p, reranker.tokenizer.cls_id, reranker.tokenizer.sep_id) for p in passages]
+    return len(inputs)
+
+
+def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: int) -> dict:
+    # The scorer is never called here: a placeholder address keeps Triton out of the measurement.
+    reranker = Reranker(get_settings().with_overrides(model_dir=model_dir, triton_url="127.0.0.1:9"))
+    query, docs = meeting_documents(datasets, n_docs, max_chars)
+    raw = Tokenizer.from_file(str(model_dir / "gateway" / "tokenizer.json"))
+    raw.no_truncation()
+    raw.no_padding()
+    n_tokens = sum(len(e.ids) for e in raw.encode_batch(docs, add_special_tokens=False))
+
+    raw_s = _median_seconds(lambda: raw.encode_batch(docs, add_special_tokens=False), repeats)
+    result = {
+        "documents": len(docs),
+        "document_tokens": n_tokens,
+        "repeats": repeats,
+        "raw_tokenizer_tokens_per_s": n_tokens / raw_s,
+        "strategies": {},
+    }
+    for strategy, selector in CASES:
+        # dense: the warm-up fills the block-embedding cache, so this is the repeated-document case.
+        name = strategy + (f"/{selector}" if selector else "") + (" (cached)" if selector == "dense" else "")
+        seconds = _median_seconds(lambda: preprocess(reranker, query, docs, strategy, selector), repeats)
+        result["strategies"][name] = {
+            "tokens_per_s": n_tokens / seconds,
+            "ratio_to_raw": raw_s / seconds,
+            "ms": seconds * 1000,
+        }
+
+    # The segmentation DP alone: numba against the identical plain-Python function.
+    doc = reranker.tokenizer.encode_documents([docs[0]])[0]
+    costs = break_costs(doc, reranker._break_costs)
+    numba_s = _median_seconds(lambda: _cheapest_cut(costs, 63, 1.0), repeats)
+    python_s = _median_seconds(lambda: _cheapest_cut.py_func(costs, 63, 1.0), max(1, repeats // 2))
+    assert np.array_equal(_cheapest_cut(costs, 63, 1.0), _cheapest_cut.py_func(costs, 63, 1.0))
+    result["segmentation_dp"] = {
+        "tokens": len(doc),
+        "numba_ms": numba_s * 1000,
+        "python_ms": python_s * 1000,
+        "speedup": python_s / numba_s,
+        "blocks": len(blocks(doc, reranker._break_costs)),
+    }
+    return result
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['documents']} QMSum val transcripts, {result['document_tokens']:,} document tokens, median of {result['repeats']} runs")
+    print(f"raw tokenizers encode_batch: {result['raw_tokenizer_tokens_per_s']:,.0f} tokens/s")
+    print(f"{'strategy':<16}{'tokens/s':>14}{'ms':>10}{'vs raw':>9}")
+    for name, row in result["strategies"].items():
+        print(f"{name:<16}{row['tokens_per_s']:>14,.0f}{row['ms']:>10.1f}{row['ratio_to_raw']:>9.2f}")
+    dp = result["segmentation_dp"]
+    print(
+        f"segmentation DP on {dp['tokens']:,} tokens: numba {dp['numba_ms']:.2f} ms, "
+        f"plain Python {dp['python_ms']:.1f} ms ({dp['speedup']:.0f}x)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="keyrank bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
+    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
+    parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings used as documents")
+    parser.add_argument("--max-chars", type=int, default=60_000, help="characters kept per meeting")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+    result = run(args.model_dir, args.datasets, args.docs, args.max_chars, args.repeats)
+    print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
