@@ -1,0 +1,152 @@
+"""Dense selector: cosine between the query and each block under all-MiniLM-L6-v2.
+
+The bi-encoder runs in-process with ONNX Runtime (``models/gateway/bi_encoder/``,
+written by `keyrank prepare`); mean pooling and L2 normalisation are inside
+the graph, so a cosine is a dot product. Block embeddings are cached by
+(model, text): candidate sets repeat documents across requests, and a cached
+block costs nothing. Missing texts are sorted by length before batching so a
+batch pads to a similar length instead of to the longest block of the request.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Encoding, Tokenizer
+
+from keyrank import metrics
+from keyrank.errors import ModelAssetsMissing
+
+
+def pad_batch(encodings: Sequence[Encoding], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """input_ids, attention_mask, token_type_ids: int64 [N, longest] from ``tokenizers`` encodings."""
+    longest = max((len(e.ids) for e in encodings), default=0)
+    ids = np.full((len(encodings), longest), pad_id, dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, enc in enumerate(encodings):
+        ids[row, : len(enc.ids)] = enc.ids
+        mask[row, : len(enc.ids)] = 1
+    return ids, mask, np.zeros_like(ids)
+
+
+class EmbeddingCache:
+    """Thread-safe LRU of embeddings keyed by (model identity, text)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        """Most entries kept; 0 disables caching."""
+        self._entries: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_many(self, model: str, texts: Sequence[str]) -> list[np.ndarray | None]:
+        with self._lock:
+            found = []
+            for text in texts:
+                vector = self._entries.get((model, text))
+                if vector is not None:
+                    self._entries.move_to_end((model, text))
+                found.append(vector)
+            return found
+
+    def put_many(self, model: str, texts: Sequence[str], vectors: np.ndarray) -> None:
+        if self.capacity <= 0:
+            return
+        with self._lock:
+            for text, vector in zip(texts, vectors):
+                self._entries[(model, text)] = vector
+                self._entries.move_to_end((model, text))
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+
+class DenseSelector:
+    """Scores blocks by cosine with the query (bi-encoder, ONNX Runtime, in-process). Thread-safe."""
+
+    def __init__(self, model_dir: Path, *, cache_size: int, batch_size: int = 64, threads: int = 0):
+        """``model_dir``: the bi-encoder folder, or the prepared model directory holding gateway/bi_encoder/."""
+        folder = _bi_encoder_folder(Path(model_dir))
+        self.batch_size = batch_size
+        """Texts per ONNX Runtime call."""
+        self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self._tokenizer.no_padding()  # we pad per length-sorted batch
+        self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        self._session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        self._inputs = [i.name for i in self._session.get_inputs()]
+        self.dim = int(self._session.get_outputs()[0].shape[1])
+        """Embedding width (384 for all-MiniLM-L6-v2)."""
+        self.model_id = _model_identity(folder)
+        """Cache key part: the exported weights' fingerprint, so a re-prepared model never reads stale vectors."""
+        self.cache = EmbeddingCache(cache_size)
+        """Block (and query) embeddings, shared by all threads."""
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 [n, dim], unit length, in the order of ``texts``."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        cached = self.cache.get_many(self.model_id, texts)
+        missing: dict[str, list[int]] = {}
+        for row, (text, vector) in enumerate(zip(texts, cached)):
+            if vector is None:
+                missing.setdefault(text, []).append(row)
+            else:
+                out[row] = vector
+        # A text repeated within one call is computed once; its repeats count as hits.
+        metrics.CACHE_HITS.labels(cache="dense").inc(len(texts) - len(missing))
+        metrics.CACHE_MISSES.labels(cache="dense").inc(len(missing))
+        if missing:
+            new_texts = list(missing)
+            vectors = self._compute(new_texts)
+            for text, vector in zip(new_texts, vectors):
+                out[missing[text]] = vector
+            self.cache.put_many(self.model_id, new_texts, vectors)
+        return out
+
+    def score_blocks(self, query: str, block_texts: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """Cosine of every block of every document with the query: float32 [blocks of doc] per document."""
+        if not block_texts:
+            return []
+        flat = [text for blocks in block_texts for text in blocks]
+        vectors = self.embed([query, *flat])
+        scores = vectors[1:] @ vectors[0]
+        bounds = np.cumsum([len(blocks) for blocks in block_texts], dtype=np.int64)[:-1]
+        return np.split(scores.astype(np.float32), bounds)
+
+    def _compute(self, texts: list[str]) -> np.ndarray:
+        encodings = self._tokenizer.encode_batch(texts)
+        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        vectors = np.empty((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
+            feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
+            (embedding,) = self._session.run(None, {name: feeds[name] for name in self._inputs})
+            vectors[rows] = embedding
+        return vectors
+
+
+def _bi_encoder_folder(model_dir: Path) -> Path:
+    for folder in (model_dir, model_dir / "gateway" / "bi_encoder", model_dir / "bi_encoder"):
+        if (folder / "model.onnx").exists() and (folder / "tokenizer.json").exists():
+            return folder
+    raise ModelAssetsMissing(f"no bi-encoder under {model_dir}: run `keyrank prepare` (without --no-bi-encoder)")
+
+
+def _model_identity(folder: Path) -> str:
+    """The fingerprint `keyrank prepare` recorded, else the ONNX file's size and mtime."""
+    manifest = folder.parent / "manifest.json"
+    if manifest.exists():
+        entry = json.loads(manifest.read_text()).get("bi_encoder") or {}
+        if entry.get("fingerprint"):
+            return str(entry["fingerprint"])
+    stat = (folder / "model.onnx").stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}"

@@ -1,0 +1,101 @@
+"""The two Triton model repositories `keyrank prepare` writes for the cross-encoder.
+
+``triton/`` is for the official Triton container (native onnxruntime backend,
+GPU, optional TensorRT fp16); ``triton-embedded/`` is for the ``tritonserver``
+binary of the nvidia-pytriton wheel (Python backend running the same
+``model.onnx`` with ONNX Runtime on CPU). Both declare the same tensors, so the
+gateway cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+MODEL_NAME = "cross_encoder"
+"""Name of the cross-encoder in both repositories."""
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+"""Input names, INT64 [N, L]; every exported model takes all three."""
+
+
+def triton_config(
+    *, backend: str, hidden_size: int, num_labels: int, max_batch_size: int, max_length: int,
+    instances: int = 1, tensorrt_fp16: bool = False,
+) -> str:
+    """config.pbtxt of the cross-encoder: dims exclude the batch axis, so clients send [N, L]."""
+    gpu = backend == "onnxruntime"
+    inputs = ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in INPUTS)
+    preferred = sorted({max(1, max_batch_size // 4), max(1, max_batch_size // 2), max_batch_size})
+    lines = [
+        f'name: "{MODEL_NAME}"',
+        f'backend: "{backend}"',
+        f"max_batch_size: {max_batch_size}",
+        f"input [\n{inputs}\n]",
+        "output [\n"
+        f'  {{ name: "logits" data_type: TYPE_FP32 dims: [ {num_labels} ] }},\n'
+        f'  {{ name: "pooled" data_type: TYPE_FP32 dims: [ {hidden_size} ] }}\n]',
+        f"instance_group [ {{ count: {instances} kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
+        # The batcher only merges equal shapes; the gateway pads to length buckets so they are.
+        "dynamic_batching {\n"
+        f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
+        f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n}}",
+    ]
+    if gpu and tensorrt_fp16:
+        full = ",".join(f"{n}:{max_batch_size}x{max_length}" for n in INPUTS)
+        opt = ",".join(f"{n}:{max(1, max_batch_size // 2)}x{min(256, max_length)}" for n in INPUTS)
+        low = ",".join(f"{n}:1x1" for n in INPUTS)
+        params = {
+            "precision_mode": "FP16", "max_workspace_size_bytes": str(1 << 30),
+            "trt_engine_cache_enable": "1", "trt_engine_cache_path": "/tmp/keyrank_trt_cache",
+            "trt_profile_min_shapes": low, "trt_profile_opt_shapes": opt, "trt_profile_max_shapes": full,
+        }
+        body = "\n".join(f'      parameters {{ key: "{k}" value: "{v}" }}' for k, v in params.items())
+        lines.append(
+            "optimization { execution_accelerators {\n  gpu_execution_accelerator : [ {\n"
+            f'      name : "tensorrt"\n{body}\n  }} ]\n}}}}'
+        )
+    if not gpu:  # read by triton_embedded/model.py; 0 = the CPUs divided among the instances
+        lines.append('parameters { key: "intra_op_thread_count" value: { string_value: "0" } }')
+    return "\n".join(lines) + "\n"
+
+
+def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size: int, instances: int) -> None:
+    """Configs and model.py of both repositories; the embedded one shares the production model.onnx."""
+    shape = {"hidden_size": ce["hidden_size"], "num_labels": ce["num_labels"],
+             "max_batch_size": max_batch_size, "max_length": ce["max_length"]}
+    production = out / "triton" / MODEL_NAME
+    write_if_changed(production / "config.pbtxt", triton_config(backend="onnxruntime", tensorrt_fp16=tensorrt_fp16, **shape))
+    embedded = out / "triton-embedded" / MODEL_NAME
+    write_if_changed(embedded / "config.pbtxt", triton_config(backend="python", instances=instances, **shape))
+    version = embedded / "1"
+    write_if_changed(version / "model.py", (Path(__file__).parent / "triton_embedded" / "model.py").read_text())
+    source, target = production / "1" / "model.onnx", version / "model.onnx"
+    if not _same_file(source, target):
+        tmp = target.with_suffix(".onnx.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)  # same bytes, no second 90 MB copy
+        except OSError:
+            shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write only if changed, via rename: an up-to-date tree is left untouched (and hard links intact)."""
+    if path.exists() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _same_file(source: Path, target: Path) -> bool:
+    """A hard link, or a copy made after the source was last written."""
+    if not target.exists():
+        return False
+    if os.path.samefile(source, target):
+        return True
+    a, b = source.stat(), target.stat()
+    return a.st_size == b.st_size and b.st_mtime >= a.st_mtime

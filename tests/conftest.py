@@ -1,0 +1,87 @@
+"""Session fixtures shared by the test modules: the real exported models and one
+embedded Triton serving them (started once, on free loopback ports)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from shared_data import CE_MODEL, REPO
+
+
+# --- prepared_models ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prepared_models() -> Path:
+    """`keyrank prepare` of the real cross-encoder (and bi-encoder) into the repository's models/.
+
+    Idempotent: the first session exports (~30 s), later ones only verify fingerprints (<1 s).
+    ``KEYRANK_TEST_MODEL_DIR`` points the tests at another directory (prepared there if needed).
+    """
+    if not CE_MODEL.is_dir():
+        pytest.skip(f"real cross-encoder not found at {CE_MODEL}")
+    from keyrank.export import prepare
+
+    out = Path(os.environ.get("KEYRANK_TEST_MODEL_DIR", REPO / "models"))
+    prepare(str(CE_MODEL), out)
+    return out
+
+
+# --- embedded_triton ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def embedded_triton(prepared_models: Path):
+    """The real tritonserver on models/triton-embedded, ready; stopped (no orphans) at the end.
+
+    Tests that kill it must leave it restarted (``restart()`` keeps the ports and grpc_url).
+    """
+    from keyrank.config import Settings
+    from keyrank.triton_server import EmbeddedTriton
+
+    settings = Settings(
+        model_dir=Path(prepared_models), embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0
+    )
+    with EmbeddedTriton(settings=settings) as server:
+        yield server
+
+
+# --- gateway_url ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def gateway_url(prepared_models: Path, embedded_triton):
+    """A real uvicorn gateway (real HTTP on a free loopback port) over the session's Triton."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from keyrank.api import create_app
+    from keyrank.config import Settings
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = Settings(model_dir=Path(prepared_models), triton_url=embedded_triton.grpc_url, port=port)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="gateway", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:
+        pytest.fail("gateway did not start")
+    yield url
+    server.should_exit = True
+    thread.join(timeout=15)

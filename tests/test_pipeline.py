@@ -1,0 +1,90 @@
+"""Every strategy end to end on the real model and a real Triton."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from keyrank.config import STRATEGIES, Settings
+from keyrank.errors import InvalidRequest
+from keyrank.reranker import Reranker
+from shared_data import DATASETS
+
+pytestmark = pytest.mark.triton
+
+CASES = [(s, None) for s in STRATEGIES if s != "keyb2"] + [("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "cross")]
+
+
+@pytest.fixture(scope="module")
+def reranker(prepared_models: Path, embedded_triton):
+    reranker = Reranker(Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url))
+    yield reranker
+    reranker.close()
+
+
+@pytest.fixture(scope="module")
+def meeting():
+    path = sorted((DATASETS / "qmsum" / "val").glob("*.json"))[0]
+    data = json.loads(path.read_text())
+    turns = [f"{t['speaker']}: {t['content']}" for t in data["meeting_transcripts"]]
+    # Three ~1k-token slices of a real meeting and a short one.
+    docs = ["\n".join(turns[i : i + 40]) for i in (0, 40, 80)] + ["\n".join(turns[120:123])]
+    return data["specific_query_list"][0]["query"], docs
+
+
+@pytest.mark.parametrize("strategy,selector", CASES)
+def test_every_strategy_ranks_every_document_with_evidence_inside_it(reranker, meeting, strategy, selector):
+    query, docs = meeting
+    ranking = reranker.rank(query, docs, strategy=strategy, selector=selector)
+    assert sorted(r.index for r in ranking.results) == list(range(len(docs)))
+    scores = [r.score for r in ranking.results]
+    assert scores == sorted(scores, reverse=True) and all(np.isfinite(scores))
+    for result in ranking.results:
+        assert result.evidence
+        for ev in result.evidence:
+            assert 0 <= ev.start < ev.end <= len(docs[result.index])
+    assert set(ranking.timings_ms) >= {"tokenize", "segment", "select", "infer", "aggregate", "total"}
+    assert ranking.usage.scored_sequences >= len(docs)
+    if strategy == "keyb2" and selector == "cross":
+        assert ranking.usage.scored_sequences > len(docs)  # blocks were scored first
+
+
+def test_parade_on_a_one_window_document_equals_the_plain_logit(reranker):
+    # One window: max/mean of one pooled vector is that vector, and the head applied to it is the logit.
+    docs = ["The Normans were descendants of Norse raiders who settled in northern France.", "Cheese is made from milk."]
+    query = "who were the normans"
+    plain = {r.index: r.score for r in reranker.rank(query, docs, strategy="maxp").results}
+    for strategy in ("parade-max", "parade-avg"):
+        parade = {r.index: r.score for r in reranker.rank(query, docs, strategy=strategy).results}
+        for i in plain:
+            assert parade[i] == pytest.approx(plain[i], abs=1e-4)
+
+
+def test_top_n_and_max_tokens_per_doc_are_honoured_and_reported(reranker, meeting):
+    query, docs = meeting
+    ranking = reranker.rank(query, docs, strategy="maxp", top_n=2, max_tokens_per_doc=100)
+    assert len(ranking.results) == 2
+    assert ranking.usage.truncated_documents == 3  # the three long slices were cut, the short one not
+    assert ranking.usage.document_tokens <= 100 * len(docs)
+
+
+def test_window_cap_is_reported(prepared_models, embedded_triton, meeting):
+    settings = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url, max_windows_per_doc=1)
+    with Reranker(settings) as capped:
+        query, docs = meeting
+        ranking = capped.rank(query, docs, strategy="maxp")
+    assert ranking.usage.scored_sequences == len(docs)
+    assert {r.index for r in ranking.results if r.truncated} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"strategy": "lastp"}, "strategy"), ({"strategy": "keyb2", "selector": "tfidf"}, "selector"), ({"top_n": 0}, "top_n")],
+)
+def test_python_api_rejects_bad_options_by_name(reranker, kwargs, field):
+    with pytest.raises(InvalidRequest) as err:
+        reranker.rank("q", ["d"], **kwargs)
+    assert err.value.field == field
