@@ -42,6 +42,12 @@ test-fast: install  ## unit tests only (no Triton)
 bench: prepare  ## CPU preprocessing throughput vs raw tokenizer
 	$(BIN)/keyrank bench --model-dir $(MODEL_DIR)
 
+deploy-check: install tools  ## helm lint/template + schema validation, compose config, Dockerfile checks
+	$(BIN)/python -m pytest tests/test_deploy.py -q
+
+loadtest: install  ## locust against a running gateway: make loadtest HOST=http://127.0.0.1:8080
+	$(BIN)/python loadtest/run.py --host $(or $(HOST),http://127.0.0.1:8080) --strategies all --users 8 --run-time 60s --max-failure-ratio 0
+
 eval: prepare  ## quality of every strategy on the judged data (CPU subsample)
 	$(BIN)/keyrank eval --model-dir $(MODEL_DIR) --out runs/eval
 

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -127,13 +128,17 @@ class Reranker:
                 f"{manifest_path} not found: run `keyrank prepare --model <hub id or folder> --out {self.settings.model_dir}`"
             )
         self.manifest = json.loads(manifest_path.read_text())
-        self.model_name = str(self.manifest["cross_encoder"]["source"])
+        source = str(self.manifest["cross_encoder"]["source"])
+        # A local checkpoint is named by its folder: the server's paths are not the caller's business.
+        self.model_name = Path(source).name if Path(source).is_absolute() else source
         self.tokenizer = TextTokenizer.from_file(gateway / "tokenizer.json")
         with np.load(gateway / "classifier_head.npz") as head:
             self.head = ClassifierHead(head["weight"].astype(np.float64), head["bias"].astype(np.float64))
         self._break_costs = token_break_costs(self.tokenizer)
         self._is_term = term_mask(self.tokenizer)
         self._idf = IdfTable.from_json(self.settings.bm25_idf_table, self.tokenizer) if self.settings.bm25_idf_table else None
+        # Compile (or load from numba's cache) the segmentation DP now, not in the first request.
+        blocks(self.tokenizer.encode_documents(["Warm up. The first request should not pay for this."])[0], self._break_costs)
         self._dense: Any = None
         self._dense_lock = threading.Lock()
         if scorer is None:

@@ -17,6 +17,18 @@ MODEL_NAME = "cross_encoder"
 """Name of the cross-encoder in both repositories."""
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """Input names, INT64 [N, L]; every exported model takes all three."""
+WARMUP_LENGTHS = (64, 128, 256, 384, 512)
+"""The gateway's default length buckets: each is run once at load, so no user request pays a first-shape cost."""
+
+
+def _warmup(max_length: int) -> str:
+    entries = []
+    for length in (n for n in WARMUP_LENGTHS if n <= max_length):
+        tensors = " ".join(
+            f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in INPUTS
+        )
+        entries.append(f'  {{ name: "warmup_{length}" batch_size: 1 {tensors} }}')
+    return "model_warmup [\n" + ",\n".join(entries) + "\n]"
 
 
 def triton_config(
@@ -40,6 +52,7 @@ def triton_config(
         "dynamic_batching {\n"
         f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
         f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n}}",
+        _warmup(max_length),
     ]
     if gpu and tensorrt_fp16:
         full = ",".join(f"{n}:{max_batch_size}x{max_length}" for n in INPUTS)
