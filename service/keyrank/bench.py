@@ -113,9 +113,9 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
 def print_table(result: dict) -> None:
     print(f"{result['documents']} QMSum val transcripts, {result['document_tokens']:,} document tokens, median of {result['repeats']} runs")
     print(f"raw tokenizers encode_batch: {result['raw_tokenizer_tokens_per_s']:,.0f} tokens/s")
-    print(f"{'strategy':<16}{'tokens/s':>14}{'ms':>10}{'vs raw':>9}")
+    print(f"{'strategy':<22}{'tokens/s':>12}{'ms':>10}{'vs raw':>9}")
     for name, row in result["strategies"].items():
-        print(f"{name:<16}{row['tokens_per_s']:>14,.0f}{row['ms']:>10.1f}{row['ratio_to_raw']:>9.2f}")
+        print(f"{name:<22}{row['tokens_per_s']:>12,.0f}{row['ms']:>10.1f}{row['ratio_to_raw']:>9.2f}")
     dp = result["segmentation_dp"]
     print(
         f"segmentation DP on {dp['tokens']:,} tokens: numba {dp['numba_ms']:.2f} ms, "
