@@ -1,0 +1,139 @@
+"""Run strategies over evaluation queries through the real ``Reranker`` path.
+
+Every ranking goes through ``Reranker.arank`` exactly as a /rerank request
+would (same tokenizer, segmentation, selectors, Triton scoring), so the
+numbers measure the service, not a re-implementation of it. What comes back
+per query is kept whole: scores per candidate, usage, per-stage timings and
+the evidence spans; the report computes everything else from these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from tqdm.auto import tqdm
+
+from keyrank.evaluation.queries import EvalQuery
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    """One configuration under test: a strategy and, for keyb2, its selector."""
+
+    strategy: str
+    """firstp, maxp, sump, avgp, parade-max, parade-avg or keyb2."""
+    selector: str | None = None
+    """bm25, dense or cross; only for keyb2."""
+
+    @property
+    def name(self) -> str:
+        """How runs and tables name it: ``keyb2-bm25``, ``maxp``."""
+        return f"{self.strategy}-{self.selector}" if self.selector else self.strategy
+
+
+def systems(strategies: Iterable[str], selectors: Iterable[str]) -> list[System]:
+    """keyb2 once per selector, every other strategy once."""
+    out: list[System] = []
+    for strategy in strategies:
+        if strategy == "keyb2":
+            out.extend(System("keyb2", s) for s in selectors)
+        else:
+            out.append(System(strategy))
+    return out
+
+
+@dataclass(slots=True)
+class QueryRun:
+    """What one system did on one query."""
+
+    qid: str
+    """The query."""
+    system: str
+    """``System.name``."""
+    scores: dict[str, float] = field(default_factory=dict)
+    """Score per candidate ``doc_id`` (every candidate, not only the top)."""
+    evidence: dict[str, list[tuple[int, int, int | None]]] = field(default_factory=dict)
+    """(start, end, block) evidence spans the reranker returned, per ``doc_id``."""
+    scored_sequences: int = 0
+    """Sequences sent to the cross-encoder (selector included)."""
+    scored_tokens: int = 0
+    """Tokens sent to the cross-encoder, padding excluded."""
+    document_tokens: int = 0
+    """Tokens in all candidates of the request."""
+    truncated_documents: int = 0
+    """Candidates the strategy did not read to the end (window cap, max_tokens_per_doc)."""
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    """Per-stage times the reranker reported (tokenize, segment, select, infer, aggregate, total)."""
+    wall_ms: float = 0.0
+    """Time around the ``arank`` call, as a client sees it."""
+    error: str | None = None
+    """Set when the reranker raised; the query then scores 0."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+async def rank_query(reranker, system: System, query: EvalQuery, *, timeout_s: float | None) -> QueryRun:
+    """One ranking request for one query; failures are recorded, not raised, so a run finishes."""
+    run = QueryRun(qid=query.qid, system=system.name)
+    ids = [c.doc_id for c in query.candidates]
+    started = time.perf_counter()
+    try:
+        ranking = await reranker.arank(
+            query.query, [c.text for c in query.candidates], strategy=system.strategy,
+            selector=system.selector, top_n=len(ids), timeout_s=timeout_s,
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure is a measured outcome of the service
+        run.error = f"{type(exc).__name__}: {exc}"
+        run.wall_ms = (time.perf_counter() - started) * 1e3
+        return run
+    run.wall_ms = (time.perf_counter() - started) * 1e3
+    for result in ranking.results:
+        doc_id = ids[result.index]
+        run.scores[doc_id] = float(result.score)
+        # The block/window index is ``piece`` in keyrank.reranker (``block`` in its first contract).
+        run.evidence[doc_id] = [(e.start, e.end, getattr(e, "piece", getattr(e, "block", None))) for e in result.evidence]
+    usage = ranking.usage
+    run.scored_sequences = usage.scored_sequences
+    run.scored_tokens = usage.scored_tokens
+    run.document_tokens = usage.document_tokens
+    run.truncated_documents = usage.truncated_documents
+    run.timings_ms = dict(ranking.timings_ms)
+    return run
+
+
+async def run_system(reranker, system: System, queries: Sequence[EvalQuery], *, concurrency: int = 1, timeout_s: float | None = None, label: str = "",
+                     progress: bool = True) -> list[QueryRun]:
+    """All queries for one system, ``concurrency`` requests in flight, results in query order.
+
+    ``concurrency=1`` keeps per-query wall times free of queueing (the
+    latency view); more keeps a GPU busy (the throughput view)."""
+    bar = tqdm(total=len(queries), desc=f"{label}{system.name}", unit="q", disable=not progress, leave=True)
+    limit = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(query: EvalQuery) -> QueryRun:
+        async with limit:
+            run = await rank_query(reranker, system, query, timeout_s=timeout_s)
+        bar.update(1)
+        if run.error:
+            bar.set_postfix_str(run.error[:60])
+        return run
+
+    try:
+        return list(await asyncio.gather(*(one(q) for q in queries)))
+    finally:
+        bar.close()
+
+
+async def run_task(reranker, systems_: Sequence[System], queries: Sequence[EvalQuery], *, task: str,
+                   concurrency: int = 1, timeout_s: float | None = None,
+                   progress: bool = True) -> dict[str, list[QueryRun]]:
+    """Every system on one task's queries: {system name: runs}."""
+    return {
+        system.name: await run_system(reranker, system, queries, concurrency=concurrency,
+                                      timeout_s=timeout_s, label=f"{task}: ", progress=progress)
+        for system in systems_
+    }

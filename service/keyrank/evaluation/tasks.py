@@ -1,0 +1,54 @@
+"""The evaluation tasks by name: which construction builds which query list."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from keyrank.evaluation import farrelevant, qmsum, squad
+from keyrank.evaluation.queries import EvalQuery, subsample
+from keyrank.tokenize import TextTokenizer
+
+TASKS = ("qmsum", "farrel", "farrel-bare", "squad")
+"""Every query list the evaluation knows; ``farrel-bare`` is the short-document ceiling of ``farrel``."""
+ALIASES = {"all": TASKS, "farrel": ("farrel", "farrel-bare")}
+"""What a --task name on the command line expands to."""
+
+
+def expand(names: list[str]) -> list[str]:
+    """Command-line task names to task list, in TASKS order, without duplicates."""
+    wanted = {t for name in names for t in ALIASES.get(name, (name,))}
+    unknown = wanted - set(TASKS)
+    if unknown:
+        raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS + tuple(ALIASES)}")
+    return [t for t in TASKS if t in wanted]
+
+
+def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed: int = 0,
+          max_queries: int | None = None, segment_tokens: int = qmsum.SEGMENT_TOKENS,
+          offsets: tuple[int, ...] = farrelevant.OFFSETS,
+          distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics") -> list[EvalQuery]:
+    """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries."""
+    if task == "qmsum":
+        queries = qmsum.build(data_dir, tokenizer, split=split, seed=seed, segment_tokens=segment_tokens)
+    elif task in ("farrel", "farrel-bare"):
+        # Sub-sample whole topics, the same for both, so every kept topic is seen at every offset.
+        topics = None
+        if max_queries is not None:
+            topics = subsample_topics(farrelevant.usable_topics(data_dir), max(1, max_queries // len(offsets)), seed)
+        if task == "farrel":
+            return farrelevant.build(data_dir, tokenizer, seed=seed, offsets=offsets, distractors=distractors,
+                                     filler=filler, topics=topics)
+        return farrelevant.build_bare(data_dir, tokenizer, seed=seed, distractors=distractors, topics=topics)
+    elif task == "squad":
+        queries = squad.build(data_dir, seed=seed)
+    else:
+        raise ValueError(f"unknown task {task!r}")
+    return subsample(queries, max_queries, seed)
+
+
+def subsample_topics(topics: list[str], n_topics: int, seed: int) -> set[str]:
+    """A seeded choice of DL20 topics, the same for the long documents and the ceiling."""
+    if n_topics >= len(topics):
+        return set(topics)
+    return set(random.Random(seed).sample(sorted(topics), n_topics))
