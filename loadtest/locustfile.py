@@ -24,8 +24,14 @@ import random
 from functools import lru_cache
 
 from locust import HttpUser, constant, events, task
-
-from payloads import SCENARIOS, LoadConfig, RerankPayload, build_payloads, rerank_body, user_class_name
+from payloads import (
+    SCENARIOS,
+    LoadConfig,
+    RerankPayload,
+    build_payloads,
+    rerank_body,
+    user_class_name,
+)
 
 
 @lru_cache(maxsize=1)

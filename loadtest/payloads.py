@@ -60,7 +60,7 @@ class LoadConfig:
     seed: int  # makes the payloads reproducible (LOADTEST_SEED)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "LoadConfig":
+    def from_env(cls, env: dict[str, str] | None = None) -> LoadConfig:
         env = os.environ if env is None else env
         config = cls(
             datasets=Path(env.get("LOADTEST_DATASETS", str(DEFAULT_DATASETS))),

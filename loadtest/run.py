@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from payloads import REPO_ROOT, SCENARIOS, user_class_name  # noqa: E402
+from payloads import REPO_ROOT, SCENARIOS, user_class_name
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 

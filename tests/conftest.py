@@ -7,9 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-
 from shared_data import CE_MODEL, REPO
-
 
 # --- prepared_models ---------------------------------------------------------------------
 
@@ -49,6 +47,20 @@ def embedded_triton(prepared_models: Path):
         yield server
 
 
+# --- reranker ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def reranker(prepared_models: Path, embedded_triton):
+    """The Python API on the session's Triton."""
+    from keyrank.config import Settings
+    from keyrank.reranker import Reranker
+
+    reranker = Reranker(Settings(model_dir=Path(prepared_models), triton_url=embedded_triton.grpc_url))
+    yield reranker
+    reranker.close()
+
+
 # --- gateway_url ------------------------------------------------------------------------------
 
 
@@ -61,7 +73,6 @@ def gateway_url(prepared_models: Path, embedded_triton):
 
     import httpx
     import uvicorn
-
     from keyrank.api import create_app
     from keyrank.config import Settings
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from keyrank.aggregate import ClassifierHead, aggregate
 
 DOC_OF = np.array([0, 0, 0, 1, 2, 2])

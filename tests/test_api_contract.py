@@ -13,11 +13,10 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
-
 from keyrank.api import create_app
 from keyrank.config import Settings
 from keyrank.schemas import RerankResponse
+from prometheus_client import REGISTRY
 
 DEAD_TRITON = "127.0.0.1:1"  # nothing listens on port 1: connection refused at once
 LIMITS = dict(max_documents=5, max_document_chars=2_000, max_query_chars=200, max_body_bytes=64_000)

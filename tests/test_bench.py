@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from keyrank.bench import CASES, run
 from shared_data import DATASETS
 

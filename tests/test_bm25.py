@@ -8,12 +8,17 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rank_bm25 import BM25Okapi
-from sklearn.feature_extraction.text import TfidfVectorizer
-
-from keyrank.select.bm25 import IdfTable, block_terms, bm25_scores, smoothed_idf, term_mask
+from keyrank.select.bm25 import (
+    IdfTable,
+    block_terms,
+    bm25_scores,
+    smoothed_idf,
+    term_mask,
+)
 from keyrank.tokenize import TextTokenizer
+from rank_bm25 import BM25Okapi
 from shared_data import CE_MODEL, DATASETS
+from sklearn.feature_extraction.text import TfidfVectorizer
 
 TOKENIZER = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
 IS_TERM = term_mask(TOKENIZER)

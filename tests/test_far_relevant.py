@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
-
-from keyrank.config import Settings
-from keyrank.reranker import Reranker
 from shared_data import DATASETS
 
 pytestmark = pytest.mark.triton
@@ -50,13 +46,6 @@ def _far_relevant_cases(tokenizer, seed: int = 7):
         answer_start = relevant.index(paragraph["context"])
         cases.append((question, [relevant] + distractors, answer_start, answer_start + len(paragraph["context"])))
     return cases
-
-
-@pytest.fixture(scope="module")
-def reranker(prepared_models: Path, embedded_triton):
-    reranker = Reranker(Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url))
-    yield reranker
-    reranker.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from keyrank.config import STRATEGIES, Settings
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import Reranker
@@ -16,13 +14,6 @@ from shared_data import DATASETS
 pytestmark = pytest.mark.triton
 
 CASES = [(s, None) for s in STRATEGIES if s != "keyb2"] + [("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "cross")]
-
-
-@pytest.fixture(scope="module")
-def reranker(prepared_models: Path, embedded_triton):
-    reranker = Reranker(Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url))
-    yield reranker
-    reranker.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from keyrank.segment import FORCED_COST, blocks, break_costs, token_break_costs, windows
 from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
@@ -17,7 +16,7 @@ COSTS = token_break_costs(TOKENIZER)
 words = st.text(alphabet="abcdefghij", min_size=1, max_size=8)
 sentence = st.lists(words, min_size=1, max_size=40).map(" ".join)
 punct = st.sampled_from([". ", "? ", "! ", ", ", " ", "\n", "; ", " - "])
-REAL_WORDS = "the meeting decided to move the budget review to next week after the remote control design".split()
+REAL_WORDS = ["the", "meeting", "decided", "to", "move", "the", "budget", "review", "to", "next", "week", "after", "the", "remote", "control", "design"]
 documents = st.lists(st.tuples(sentence, punct), min_size=0, max_size=30).map(lambda parts: "".join(s + p for s, p in parts))
 
 

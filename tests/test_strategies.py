@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
-
 from keyrank.segment import Spans
 from keyrank.strategies import model_input, passage_budget
 from keyrank.strategies.firstp import first_passage

@@ -15,12 +15,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from tokenizers import Tokenizer
-
 from keyrank.config import Settings
 from keyrank.errors import ScoringUnavailable
 from keyrank.scoring import TritonScorer, bucket_batches
 from keyrank.triton_server import EmbeddedTriton, EmbeddedTritonError
+from tokenizers import Tokenizer
 
 # Real text of very different lengths, so the pairs land in every bucket (64..512).
 _NORMANS = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __version__ = "0.1.0"
-__all__ = ["Reranker", "Ranking", "RankedDocument", "Evidence", "Usage", "__version__"]
+__all__ = ["Evidence", "RankedDocument", "Ranking", "Reranker", "Usage", "__version__"]
 
 
 def __getattr__(name: str):

@@ -94,7 +94,9 @@ def create_app(settings: Settings | None = None, reranker: Reranker | None = Non
         if reranker is not None:
             yield
             return
-        from keyrank.reranker import Reranker  # the pipeline's imports stay out of `import keyrank.api`
+        from keyrank.reranker import (
+            Reranker,  # the pipeline's imports stay out of `import keyrank.api`
+        )
 
         app.state.reranker = Reranker(settings)
         try:

@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
 
-    def with_overrides(self, **overrides: object) -> "Settings":
+    def with_overrides(self, **overrides: object) -> Settings:
         """A copy with some fields replaced, validated like the environment would be."""
         if not overrides:
             return self

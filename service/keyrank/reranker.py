@@ -16,9 +16,10 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,13 @@ from keyrank.config import SELECTORS, STRATEGIES, Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.segment import Spans, blocks, token_break_costs, windows
 from keyrank.select.bm25 import IdfTable, block_terms, bm25_scores, term_mask
-from keyrank.strategies import AGGREGATION, WINDOWED, Passage, model_input, passage_budget
+from keyrank.strategies import (
+    AGGREGATION,
+    WINDOWED,
+    Passage,
+    model_input,
+    passage_budget,
+)
 from keyrank.strategies.firstp import first_passage
 from keyrank.strategies.keyb2 import select_blocks
 from keyrank.strategies.windows import window_passages
@@ -326,7 +333,7 @@ class Reranker:
         return self._loop.run(self.arank(query, documents, **options))
 
     @classmethod
-    def embedded(cls, settings: Settings | None = None, **overrides: Any) -> "Reranker":
+    def embedded(cls, settings: Settings | None = None, **overrides: Any) -> Reranker:
         """A Reranker on its own CPU Triton (the tritonserver of the nvidia-pytriton wheel)."""
         from keyrank.triton_server import EmbeddedTriton
 
@@ -353,10 +360,10 @@ class Reranker:
             self._embedded.stop()
             self._embedded = None
 
-    def __enter__(self) -> "Reranker":
+    def __enter__(self) -> Reranker:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from keyrank import metrics
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ScoringUnavailable
+
 
 def _channel_args(connect_timeout_s: float) -> list[tuple[str, Any]]:
     """tritonclient's own defaults plus a short reconnect backoff.

@@ -6,9 +6,9 @@ view on these arrays; nothing is tokenized twice on the cross-encoder side.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -48,7 +48,7 @@ class TextTokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "TextTokenizer":
+    def from_file(cls, path: str | Path) -> TextTokenizer:
         return cls(Tokenizer.from_file(str(path)))
 
     def _special_id(self, *names: str) -> int:

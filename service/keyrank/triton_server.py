@@ -47,7 +47,7 @@ class _PytritonWheel:
 
     def __init__(self) -> None:
         try:
-            import pytriton  # noqa: PLC0415  (optional dependency)
+            import pytriton
         except ImportError as exc:
             raise EmbeddedTritonError(
                 "the embedded Triton needs the nvidia-pytriton wheel: pip install keyrank[embedded]"

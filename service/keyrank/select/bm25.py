@@ -11,9 +11,9 @@ blocks or terms.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ def term_mask(tokenizer: TextTokenizer) -> np.ndarray:
     mask = np.ones(tokenizer.vocab_size, dtype=bool)
     for token_id in range(tokenizer.vocab_size):
         token = tokenizer.id_to_token(token_id) or ""
-        piece = token[2:] if token.startswith("##") else token
+        piece = token.removeprefix("##")
         if not any(ch.isalnum() for ch in piece) or (token.startswith("[") and token.endswith("]")):
             mask[token_id] = False
     return mask
@@ -67,7 +67,7 @@ class IdfTable:
         self.default = default
 
     @classmethod
-    def from_json(cls, path: Path, tokenizer: TextTokenizer) -> "IdfTable":
+    def from_json(cls, path: Path, tokenizer: TextTokenizer) -> IdfTable:
         raw = json.loads(Path(path).read_text())
         table = {}
         for token, idf in raw.items():
