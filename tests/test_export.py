@@ -336,3 +336,13 @@ def test_embedded_model_merges_same_shape_requests_and_splits_the_answers_back(e
     assert after.inference_count - before.inference_count == 32
     # The batcher did hand model.py several requests per execute(), so the merge-and-split path ran.
     assert after.execution_count - before.execution_count < len(requests)
+
+
+def test_a_hub_id_is_fetched_from_the_hub_and_offline_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
+    # No hub is reachable here: the id must reach the hub path and come back as a readable error.
+    from keyrank.export import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["--model", "cross-encoder/ms-marco-MiniLM-L-6-v2", "--out", str(tmp_path / "m")]) == 1
+    err = capsys.readouterr().err
+    assert "cross-encoder/ms-marco-MiniLM-L-6-v2" in err and "Hugging Face hub" in err and "Traceback" not in err

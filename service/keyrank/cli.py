@@ -8,7 +8,6 @@ from pathlib import Path
 
 from keyrank.config import get_settings
 
-DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyrank.errors import KeyrankError
+from keyrank.errors import KeyrankError, ModelAssetsMissing
 from keyrank.triton_repository import INPUTS as CE_INPUTS
 from keyrank.triton_repository import MODEL_NAME, write_if_changed, write_repositories
 
@@ -131,7 +131,13 @@ def _resolve_checkpoint(model: str) -> Path:
 
     # Other runtimes' weights in the same repo are not needed for a PyTorch load.
     ignore = ["onnx/*", "openvino/*", "*.onnx", "*.h5", "*.msgpack", "*.ot", "tf_model*", "flax_model*"]
-    return Path(snapshot_download(model, ignore_patterns=ignore))
+    try:
+        return Path(snapshot_download(model, ignore_patterns=ignore))
+    except Exception as exc:  # offline, unknown id, gated repo: all end the same way for the user
+        raise ModelAssetsMissing(
+            f"{model!r} is not a local folder and could not be fetched from the Hugging Face hub "
+            f"({type(exc).__name__}); without a hub, pass a checkpoint folder, e.g. --model ../shared/models/ce-minilm-l6"
+        ) from exc
 
 
 def _bundled_bi_encoder() -> Path:
@@ -468,6 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExportMismatch as exc:
         print(f"export refused: {exc}", file=sys.stderr)
         return 2
+    except ModelAssetsMissing as exc:
+        print(f"keyrank prepare: {exc}", file=sys.stderr)
+        return 1
     for name, entry in manifest.items():
         if entry:
             print(
