@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 
 import uvicorn
@@ -42,9 +43,16 @@ class _Supervisor(threading.Thread):
                 log.exception("embedded Triton failed to restart")
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    # uvicorn drains, then re-raises the SIGTERM it caught; with the default handler that would
+    # kill this process before the `finally` below stops Triton. Exit through Python instead.
+    raise SystemExit(0)
+
+
 def serve(settings: Settings) -> None:
     """Run until SIGTERM / Ctrl-C."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _exit_cleanly)
     triton: EmbeddedTriton | None = None
     supervisor: _Supervisor | None = None
     try:
@@ -72,6 +80,8 @@ def serve(settings: Settings) -> None:
                 create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10
             )
             uvicorn.Server(config).run()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained; fall through to stop Triton
+        pass
     finally:
         if supervisor is not None:
             supervisor.stopping.set()

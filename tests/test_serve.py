@@ -1,0 +1,109 @@
+"""`keyrank serve` as a user runs it: a real process tree, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.triton
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_ready(url: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"{url} never became ready")
+
+
+@pytest.fixture()
+def serve(prepared_models: Path):
+    port = _free_port()
+    env = {
+        **os.environ,
+        "KEYRANK_MODEL_DIR": str(prepared_models),
+        "KEYRANK_PORT": str(port),
+        "KEYRANK_EMBEDDED_HTTP_PORT": str(_free_port()),
+        "KEYRANK_EMBEDDED_GRPC_PORT": str(_free_port()),
+        "KEYRANK_EMBEDDED_METRICS_PORT": str(_free_port()),
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "keyrank.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _triton_tree(serve_pid: int) -> list[int]:
+    tritons = [p for p in _children(serve_pid) if "tritonserver" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert len(tritons) == 1
+    return tritons + _children(tritons[0])  # the server and its Python backend stubs
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_signal_stops_gateway_and_triton_leaving_no_process(serve, sig):
+    proc, url = serve
+    assert httpx.post(f"{url}/rerank", json={"query": "cheese", "documents": ["milk makes cheese", "cars"]}).status_code == 200
+    tree = _triton_tree(proc.pid)
+    assert len(tree) >= 2
+    proc.send_signal(sig)
+    assert proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in tree if _alive(p)]
+
+
+def test_serve_restarts_an_embedded_triton_that_dies(serve):
+    proc, url = serve
+    (triton, *_) = _triton_tree(proc.pid)
+    os.kill(triton, signal.SIGKILL)
+    t0 = time.monotonic()
+    assert httpx.get(f"{url}/readyz", timeout=5).status_code == 503
+    _wait_ready(url, timeout=60)
+    assert _triton_tree(proc.pid)[0] != triton
+    assert httpx.post(f"{url}/rerank", json={"query": "cheese", "documents": ["milk makes cheese", "cars"]}).status_code == 200
+    assert time.monotonic() - t0 < 60
