@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from keyrank.config import get_settings
 from keyrank.reranker import Reranker
 from keyrank.segment import _cheapest_cut, blocks, break_costs
-from keyrank.strategies import model_input, passage_budget
+from keyrank.strategies import passage_budget
 
 CASES = (("firstp", None), ("maxp", None), ("avgp", None), ("parade-max", None), ("keyb2", "bm25"), ("keyb2", "dense"))
 
@@ -63,8 +63,7 @@ def preprocess(reranker: Reranker, query: str, docs: list[str], strategy: str, s
     if strategy == "keyb2":
         scores, _ = asyncio.run(reranker._select(selector, query, q, encoded, pieces, deadline=time.monotonic() + 600))
     passages = reranker._assemble(strategy, encoded, pieces, scores, budget)
-    inputs = [model_input(q, encoded[p.doc], p, reranker.tokenizer.cls_id, reranker.tokenizer.sep_id) for p in passages]
-    return len(inputs)
+    return len(reranker._inputs(q, encoded, passages))
 
 
 def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: int) -> dict:

@@ -196,7 +196,7 @@ class Reranker:
 
         started = time.perf_counter()
         passages = self._assemble(strategy, docs, pieces, block_scores, budget)
-        inputs = [model_input(query_enc, docs[p.doc], p, self.tokenizer.cls_id, self.tokenizer.sep_id) for p in passages]
+        inputs = self._inputs(query_enc, docs, passages)
         timer.add("assemble", started)
 
         started = time.perf_counter()
@@ -256,14 +256,14 @@ class Reranker:
         if strategy in WINDOWED:
             stride = budget if strategy == "avgp" else (s.window_stride or max(1, budget // 2))
             return [windows(len(d), budget, stride, s.max_windows_per_doc) for d in docs]
-        return [Spans(np.zeros(1, np.int64), np.array([min(len(d), budget)], np.int64)) for d in docs]
+        return []  # firstp reads a prefix: nothing to cut
 
     async def _select(self, selector, query, query_enc, docs, pieces, deadline) -> tuple[list[np.ndarray], tuple[int, int]]:
         """Scores of every block of every document, and the (sequences, tokens) the selector scored."""
-        block_ids = [[d.ids[a:b] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
         counts = [len(sp) for sp in pieces]
         if selector == "bm25":
-            flat = block_terms([ids for doc in block_ids for ids in doc], self._is_term)
+            block_ids = [d.ids[a:b] for d, sp in zip(docs, pieces) for a, b in zip(sp.starts, sp.ends)]
+            flat = block_terms(block_ids, self._is_term)
             query_terms = query_enc.ids[self._is_term[query_enc.ids]]
             scores = bm25_scores(query_terms, flat, k1=self.settings.bm25_k1, b=self.settings.bm25_b, idf_table=self._idf)
             return np.split(scores, np.cumsum(counts)[:-1]), (0, 0)
@@ -271,11 +271,15 @@ class Reranker:
             texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
             return await asyncio.to_thread(self.dense().score_blocks, query, texts), (0, 0)
         # cross: the cross-encoder scores each block alone first (KeyB2's most expensive selector).
-        whole = [Passage(i, np.array([a]), np.array([b]), np.array([k])) for i, sp in enumerate(pieces) for k, (a, b) in enumerate(zip(sp.starts, sp.ends))]
-        inputs = [model_input(query_enc, docs[p.doc], p, self.tokenizer.cls_id, self.tokenizer.sep_id) for p in whole]
+        inputs = self._inputs(query_enc, docs, [p for i, sp in enumerate(pieces) for p in window_passages(i, sp)])
         logits, _ = await self.scorer.score([i for i, _ in inputs], [t for _, t in inputs], want_pooled=False, deadline=deadline)
         scored = (len(inputs), sum(int(i.shape[0]) for i, _ in inputs))
         return np.split(np.asarray(logits, dtype=np.float64), np.cumsum(counts)[:-1]), scored
+
+    def _inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``[CLS] q [SEP] p [SEP]`` ids and token types of every passage."""
+        cls_id, sep_id = self.tokenizer.cls_id, self.tokenizer.sep_id
+        return [model_input(query, docs[p.doc], p, cls_id, sep_id) for p in passages]
 
     def dense(self):
         """The bi-encoder selector, loaded on first use (an ONNX Runtime session)."""
