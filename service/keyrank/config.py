@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Strategy = Literal["firstp", "maxp", "sump", "avgp", "parade-max", "parade-avg", "keyb2"]
-Selector = Literal["bm25", "dense", "cross"]
+Selector = Literal["bm25", "dense", "cross", "hybrid"]
 
 STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
 SELECTORS: tuple[str, ...] = Selector.__args__  # type: ignore[attr-defined]
@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     dense_cache_size: int = Field(200_000, description="Block embeddings kept in the dense selector's LRU cache.")
     dense_batch_size: int = Field(64, description="Blocks per bi-encoder ONNX Runtime call.")
     dense_threads: int = Field(0, description="ONNX Runtime intra-op threads for the bi-encoder; 0 = library default.")
+    hybrid_rrf_k: float = Field(60.0, description="Reciprocal rank fusion constant of the hybrid selector (BM25 + dense; Cormack et al. use 60).")
+    keyb2_budget: Literal["paper480", "fill"] = Field("paper480", description="KeyB2 document budget: 'paper480' = keyb2_budget_tokens capped to what fits; 'fill' = all that fits next to the query (512 - 3 - q for BERT).")
+    keyb2_keep_lead: bool = Field(False, description="KeyB2 always reads block 0 (documents often state their topic first).")
+    keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
+    keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")
+    keyb2_dedup_jaccard: float | None = Field(None, gt=0.0, le=1.0, description="KeyB2 skips a block whose token set has at least this Jaccard with a chosen block; unset = off.")
 
     # --- Triton client -------------------------------------------------------
     length_buckets: list[int] = Field([64, 128, 256, 384, 512], description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")

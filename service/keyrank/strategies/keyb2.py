@@ -3,21 +3,89 @@
 Blocks are taken in score order until the budget (480 document tokens in the
 paper) is spent, the last one cut to fit; the chosen blocks are then put back
 in document order so the model reads them as the text runs.
+
+``SelectionRules`` switches on variants that may read better (issue 7), each
+measured by scripts/selection_ablation.py (docs/SELECTION.md):
+
+- keep the lead block: many documents state their topic first;
+- neighbour expansion: the top blocks fill only part of the budget, then their
+  neighbours (context around a hit) are added while they fit whole;
+- near-duplicate suppression: a block repeating a chosen one is skipped.
+
+The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
+480 tokens, or all that fits next to the query (KeyB's 512 - 3 - q rule).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
 import numpy as np
 
 from keyrank.segment import Spans
+from keyrank.select.duplicates import ChosenSets
 from keyrank.strategies import Passage
+
+BUDGET_RULES = ("paper480", "fill")
+"""``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
+
+
+def keyb2_budget(rule: str, fits: int, fixed: int) -> int:
+    """Document tokens keyb2 may select.
+
+    ``fits``: document tokens that fit next to the query in one model input
+    (``InputTemplate.document_budget(query_tokens)``: 512 - 3 - q for BERT);
+    ``fixed``: the configured budget (``keyb2_budget_tokens``, the paper's 480).
+    The two agree only for a 29-token query under a BERT template."""
+    if rule == "paper480":
+        return max(0, min(fixed, fits))
+    if rule == "fill":
+        return max(0, fits)
+    raise ValueError(f"unknown keyb2 budget rule {rule!r}; expected one of {', '.join(BUDGET_RULES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionRules:
+    """How keyb2 chooses blocks once they are scored; the defaults are the paper's plain greedy choice."""
+
+    keep_lead: bool = False
+    """Always read block 0 first (cut to the budget if it is longer)."""
+    neighbours: bool = False
+    """Top blocks fill only ``top_share`` of the budget; then each one's previous and next block
+    (top blocks in score order) are added while they fit whole; the rest goes by score."""
+    top_share: float = 0.5
+    """With ``neighbours``: the share of the budget the top-scored blocks may fill."""
+    dedup_jaccard: float | None = None
+    """Skip a block whose token set has at least this Jaccard with a chosen block's; None = off."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.top_share <= 1.0:
+            raise ValueError(f"top_share lies in (0, 1], got {self.top_share}")
+        if self.dedup_jaccard is not None and not 0.0 < self.dedup_jaccard <= 1.0:
+            raise ValueError(f"dedup_jaccard lies in (0, 1], got {self.dedup_jaccard}")
+
+    @property
+    def plain(self) -> bool:
+        """No variant on: the paper's greedy choice."""
+        return not (self.keep_lead or self.neighbours or self.dedup_jaccard is not None)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SelectionRules:
+        """The rules named by ``Settings.keyb2_*``."""
+        return cls(
+            keep_lead=settings.keyb2_keep_lead,
+            neighbours=settings.keyb2_neighbours,
+            top_share=settings.keyb2_top_share,
+            dedup_jaccard=settings.keyb2_dedup_jaccard,
+        )
 
 
 def select_blocks(doc: int, blocks: Spans, scores: np.ndarray, budget: int) -> Passage:
     """The top-scored blocks within ``budget`` tokens, in document order (ties: earlier block first)."""
     if len(blocks) == 0 or budget <= 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return Passage(doc, empty, empty, empty)
+        return _empty(doc)
     order = np.argsort(-scores, kind="stable")
     lengths = blocks.lengths[order]
     taken_before = np.concatenate(([0], np.cumsum(lengths)[:-1]))
@@ -28,3 +96,94 @@ def select_blocks(doc: int, blocks: Spans, scores: np.ndarray, budget: int) -> P
     ends = blocks.starts[chosen] + np.minimum(lengths[keep], room[keep])
     by_position = np.argsort(chosen)
     return Passage(doc, blocks.starts[chosen][by_position], ends[by_position], chosen[by_position])
+
+
+def choose_blocks(
+    doc: int,
+    blocks: Spans,
+    scores: np.ndarray,
+    budget: int,
+    ids: np.ndarray | None = None,
+    rules: SelectionRules = SelectionRules(),
+) -> Passage:
+    """``select_blocks`` under ``rules``: never over ``budget``, blocks back in document order.
+
+    ``ids`` (the document's token ids) are needed for near-duplicate suppression only.
+    """
+    if rules.plain:
+        return select_blocks(doc, blocks, scores, budget)
+    if len(blocks) == 0 or budget <= 0:
+        return _empty(doc)
+    if rules.dedup_jaccard is not None and ids is None:
+        raise ValueError("near-duplicate suppression needs the document's token ids")
+    reader = _Reader(blocks, budget, None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard))
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    if rules.keep_lead:
+        reader.take(0, cut=True)
+    if rules.neighbours:
+        top_room = max(1, int(budget * rules.top_share))
+        top: list[int] = []
+        for block in order.tolist():
+            taken = reader.take(block, cut=False, room=top_room)
+            if taken is _Taken.TOO_LONG:
+                break
+            if taken in (_Taken.YES, _Taken.ALREADY):
+                top.append(block)
+        for block in top:
+            for neighbour in (block - 1, block + 1):
+                if 0 <= neighbour < len(blocks):
+                    reader.take(neighbour, cut=False)
+    for block in order.tolist():
+        if reader.full:
+            break
+        reader.take(block, cut=True)
+    return reader.passage(doc)
+
+
+class _Taken(Enum):
+    YES = "taken"
+    ALREADY = "already chosen"
+    REPEAT = "near-duplicate of a chosen block"
+    TOO_LONG = "does not fit whole"
+
+
+class _Reader:
+    """The blocks chosen so far and the budget they leave."""
+
+    def __init__(self, blocks: Spans, budget: int, duplicates: ChosenSets | None):
+        self.blocks = blocks
+        self.budget = budget
+        self.used = 0
+        self.lengths: dict[int, int] = {}
+        self.duplicates = duplicates
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.budget
+
+    def take(self, block: int, *, cut: bool, room: int | None = None) -> _Taken:
+        """Choose ``block`` if it fits in ``room`` (default: the budget); ``cut`` keeps the head of one that does not."""
+        if block in self.lengths:
+            return _Taken.ALREADY
+        left = (self.budget if room is None else min(room, self.budget)) - self.used
+        length = int(self.blocks.lengths[block])
+        if left <= 0 or (length > left and not cut):
+            return _Taken.TOO_LONG
+        if self.duplicates is not None:
+            if self.duplicates.repeats(block):
+                return _Taken.REPEAT
+            self.duplicates.add(block)
+        self.lengths[block] = min(length, left)
+        self.used += self.lengths[block]
+        return _Taken.YES
+
+    def passage(self, doc: int) -> Passage:
+        chosen = np.array(sorted(self.lengths), dtype=np.int64)
+        starts = self.blocks.starts[chosen]
+        ends = starts + np.array([self.lengths[b] for b in chosen.tolist()], dtype=np.int64)
+        return Passage(doc, starts, ends, chosen)
+
+
+def _empty(doc: int) -> Passage:
+    empty = np.zeros(0, dtype=np.int64)
+    return Passage(doc, empty, empty, empty)
