@@ -8,7 +8,7 @@ MODEL ?= $(if $(wildcard ../shared/models/ce-minilm-l6/config.json),../shared/mo
 MODEL_DIR ?= models
 # Export needs PyTorch; the CPU build is enough (install it first so nothing pulls a CUDA build).
 TORCH ?= torch==2.13.0
-EXTRAS ?= export,embedded,dense,eval,loadtest,test
+EXTRAS ?= export,embedded,dense,eval,loadtest,test,clients
 PYTEST_ARGS ?=
 
 .PHONY: install prepare run test test-fast bench eval deploy-check tools loadtest clean

@@ -69,10 +69,13 @@ BAD_INPUTS = [
     pytest.param("/rerank", _with(top_n=0), 422, ["top_n", "greater than or equal to 1"], id="top_n-zero"),
     pytest.param("/rerank", _with(max_tokens_per_doc=-5), 422, ["max_tokens_per_doc"], id="max_tokens_per_doc-negative"),
     pytest.param("/rerank", _with(return_evidence="maybe"), 422, ["return_evidence", "boolean"], id="flag-not-boolean"),
+    pytest.param("/rerank", _with(return_evidence="true"), 422, ["return_evidence", "boolean"], id="flag-as-string-not-coerced"),
+    pytest.param("/rerank", _with(top_n="3"), 422, ["top_n", "integer"], id="top_n-as-string-not-coerced"),
+    pytest.param("/rerank", _with(top_n=3.0), 422, ["top_n", "integer"], id="top_n-as-float-not-coerced"),
     pytest.param("/rerank", _with(strategy="bestp"), 422, ["strategy", "keyb2", "maxp"], id="unknown-strategy"),
     pytest.param("/rerank", _with(selector="tfidf"), 422, ["selector", "bm25", "dense", "cross"], id="unknown-selector"),
     pytest.param("/rerank", _with(temperature=0.5), 422, ["temperature", "unknown field"], id="unknown-field"),
-    pytest.param("/rerank", _raw(b'{"query": "q", "documents": ['), 400, ["not valid JSON"], id="truncated-json"),
+    pytest.param("/rerank", _raw(b'{"query": "q", "documents": ['), 400, ["not valid JSON", "Expecting value", "line 1, column 30"], id="truncated-json"),
     pytest.param("/rerank", _raw(b"query=q&documents=a", None), 422, ["JSON object", "application/json"], id="form-body-without-content-type"),
     pytest.param("/rerank", _raw(b"hello", "text/plain"), 422, ["JSON object", "application/json"], id="text-plain-body"),
     pytest.param("/rerank", _raw(b"[1, 2]"), 422, ["body", "JSON object"], id="json-array-body"),
@@ -80,9 +83,12 @@ BAD_INPUTS = [
     pytest.param("/rerank", _raw(b" " * 64_001), 413, ["64001 bytes", "KEYRANK_MAX_BODY_BYTES"], id="body-over-limit"),
     pytest.param("/v1/rerank", _with(documents=["d"] * 6), 422, ["KEYRANK_MAX_DOCUMENTS"], id="jina-too-many-documents"),
     pytest.param("/v1/rerank", _with(documents=[{"url": "http://x"}]), 422, ["documents[0]"], id="jina-document-without-text"),
-    pytest.param("/v1/rerank", _with(return_embeddings=True), 422, ["return_embeddings", "unknown field"], id="jina-unknown-field"),
+    pytest.param("/v1/rerank", _with(documents=[{"image": "x.png"}]), 422, ["documents[0]", "text"], id="jina-image-document"),
+    pytest.param("/v1/rerank", _with(top_n="2"), 422, ["top_n", "integer"], id="jina-top_n-as-string"),
+    pytest.param("/v1/rerank", _with(rank_fields=["title"], documents=[{"text": "x"}]), 422, ["documents[0]", "rank_fields"], id="cohere-v1-rank_fields-missing"),
     pytest.param("/v2/rerank", _with(), 422, ["model", "required"], id="cohere-missing-model"),
-    pytest.param("/v2/rerank", {"json": {**OK, "model": "rerank-v3.5", "documents": [{"text": "x"}]}}, 422, ["documents[0]", "string"], id="cohere-document-object"),
+    pytest.param("/v2/rerank", {"json": {**OK, "model": "rerank-v3.5", "documents": [{"title": "x"}]}}, 422, ["documents[0]", "text"], id="cohere-document-object-without-text"),
+    pytest.param("/v2/rerank", {"json": {**OK, "model": "m", "top_n": True}}, 422, ["top_n", "integer"], id="cohere-top_n-as-boolean"),
     pytest.param("/v2/rerank", {"json": {**OK, "model": "m", "query": " "}}, 422, ["query"], id="cohere-blank-query"),
     pytest.param("/v2/rerank", {"json": {**OK, "model": "m", "documents": ["x" * 2_001]}}, 422, ["KEYRANK_MAX_DOCUMENT_CHARS"], id="cohere-huge-document"),
 ]
@@ -303,7 +309,9 @@ def test_jina_endpoint_answers_in_jina_shape_with_the_same_order(live_client):
     response = live_client.post("/v1/rerank", json=request)
     assert response.status_code == 200, response.text
     body = response.json()
-    assert set(body) == {"model", "usage", "results"}
+    assert set(body) == {"id", "model", "usage", "results", "meta"}  # Jina's fields and Cohere v1's
+    assert body["model"] == own["model"] == "ce-minilm-l6"
+    assert body["meta"]["api_version"] == {"version": "1"}
     assert body["usage"]["total_tokens"] == own["usage"]["scored_tokens"]
     assert [r["index"] for r in body["results"]] == [r["index"] for r in own["results"]][:2]
     for mine, theirs in zip(own["results"], body["results"]):

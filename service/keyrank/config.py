@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     triton_connect_timeout_s: float = Field(1.0, description="Health/readiness probe timeout towards Triton.")
     retry_after_s: int = Field(1, description="Retry-After header on 503.")
 
+    # --- admission control (admission.py: 429 before any tokenizing) ----------
+    max_queued_sequences: int | None = Field(None, ge=1, description="Most admitted, unfinished work in estimated cross-encoder sequences; beyond it 429 + Retry-After. Unset = sized from capacity: the measured drain rate times half the request deadline.")
+    capacity_sequences_per_s: float = Field(4.0, gt=0, description="Drain rate assumed until one is measured (4 = the embedded CPU Triton, MiniLM-L6, 512-token sequences, 2 cores; GPU Triton drains hundreds).")
+
     # --- request limits (each a named 4xx) ----------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Largest accepted request body (413).")
     max_documents: int = Field(1000, description="Most documents per request (422).")
@@ -74,6 +78,7 @@ class Settings(BaseSettings):
 
     # --- API -------------------------------------------------------------------
     api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
+    model_name: str | None = Field(None, description="What answers report as `model`; unset = the prepared model's folder name or hub id.")
     default_strategy: Strategy = "keyb2"
     default_selector: Selector = "bm25"
 

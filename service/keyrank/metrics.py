@@ -13,7 +13,7 @@ STAGE_SECONDS = Histogram(
     "keyrank_stage_seconds", "Wall time per pipeline stage of one request.", ["stage"], buckets=_LATENCY_BUCKETS
 )
 REQUESTS = Counter(
-    "keyrank_requests_total", "Rerank requests by endpoint, strategy and outcome.", ["endpoint", "strategy", "outcome"]
+    "keyrank_requests_total", "Rerank requests by endpoint, strategy and outcome (ok, invalid, overloaded, unavailable, client_closed, error).", ["endpoint", "strategy", "outcome"]
 )
 IN_FLIGHT = Gauge("keyrank_in_flight_requests", "Rerank requests being processed.")
 REQUEST_DOCUMENTS = Histogram("keyrank_request_documents", "Documents per request.", buckets=_COUNT_BUCKETS)
@@ -39,3 +39,9 @@ TRITON_RTT = Histogram(
 TRITON_ERRORS = Counter("keyrank_triton_errors_total", "Failed Triton requests by kind.", ["kind"])
 CACHE_HITS = Counter("keyrank_cache_hits_total", "Embedding cache hits.", ["cache"])
 CACHE_MISSES = Counter("keyrank_cache_misses_total", "Embedding cache misses.", ["cache"])
+QUEUED_SEQUENCES = Gauge(
+    "keyrank_queued_sequences", "Estimated cross-encoder sequences admitted and not finished (admission.py)."
+)
+DRAIN_RATE = Gauge(
+    "keyrank_drain_sequences_per_second", "Sequences per second the gateway drains while busy (moving average)."
+)

@@ -6,10 +6,14 @@ Three dialects map onto the same pipeline:
 - ``POST /v2/rerank``: Cohere's v2 rerank shape.
 
 Each field's docstring is its description on the OpenAPI page
-(``use_attribute_docstrings``). Request models reject unknown fields. Limits
-that depend on settings (documents per request, characters per document and
-query) are checked by ``check_limits`` once the body is parsed, so the message
-can name the setting that sets them.
+(``use_attribute_docstrings``). Requests are validated in strict mode: a value
+of the wrong JSON type is an error, never coerced ("3" is not an integer).
+keyrank's own shape rejects unknown fields; the vendor shapes accept them
+(a newer SDK may send more) and the answer names them in
+``X-Keyrank-Ignored-Fields``. Limits that depend on settings (documents per
+request, characters per document and query) are not here: api/limits.py
+checks them and the OpenAPI schema carries them as maxItems/maxLength
+(api/app.py), so the message can name the setting that sets them.
 """
 
 from __future__ import annotations
@@ -18,8 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from keyrank.config import Selector, Settings, Strategy
-from keyrank.errors import InvalidRequest
+from keyrank.config import Selector, Strategy
 
 _QUERY = "what is the capital of the united states"
 _DOCS = [
@@ -35,15 +38,29 @@ class _Wire(BaseModel):
 
 
 class _Strict(_Wire):
-    """Request models: an unknown field is an error, not silently dropped."""
+    """keyrank's requests: types are not coerced and an unknown field is an error, not silently dropped."""
 
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+
+class _Vendor(_Wire):
+    """Jina/Cohere requests: types are not coerced; unknown fields are accepted and reported as ignored."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="allow", strict=True)
+
+
+NON_BLANK = r"\S"
+"""JSON Schema pattern of a query: at least one non-whitespace character (checked with a readable message)."""
 
 
 def _non_blank(query: str) -> str:
     if not query.strip():
         raise ValueError("query must contain a non-whitespace character")
     return query
+
+
+def _query_field(**extra: Any) -> Any:
+    return Field(min_length=1, examples=[_QUERY], json_schema_extra={"pattern": NON_BLANK}, **extra)
 
 
 # --------------------------------------------------------------------------- /rerank
@@ -65,12 +82,13 @@ class RerankRequest(_Strict):
         json_schema_extra={"examples": [{"query": _QUERY, "documents": _DOCS, "strategy": "keyb2", "top_n": 1}]}
     )
 
-    query: str = Field(min_length=1, examples=[_QUERY])
+    query: str = _query_field()
     """The search query, non-blank, at most KEYRANK_MAX_QUERY_CHARS characters (default 2000); the model reads its
     first KEYRANK_QUERY_MAX_TOKENS tokens (default 32)."""
     documents: list[str | DocumentIn] = Field(min_length=1, examples=[_DOCS])
     """Candidates as strings or {id, text}: at most KEYRANK_MAX_DOCUMENTS (default 1000), each at most
-    KEYRANK_MAX_DOCUMENT_CHARS characters (default 400000)."""
+    KEYRANK_MAX_DOCUMENT_CHARS characters (default 400000). An empty or whitespace-only document is not
+    scored: it ranks after every other document with relevance_score -10000 (0 in the vendor shapes)."""
     strategy: Strategy | None = Field(None, examples=["keyb2"])
     """How long documents are read; unset = KEYRANK_DEFAULT_STRATEGY (keyb2)."""
     selector: Selector | None = Field(None, examples=["bm25"])
@@ -152,8 +170,8 @@ class TimingsOut(_Wire):
     """Tokenizing query and documents."""
     segment: float
     """Cutting documents into blocks or windows."""
-    select: float
-    """Choosing key blocks (keyb2)."""
+    select: float | None = None
+    """Choosing key blocks (strategies that select; absent otherwise, not 0)."""
     assemble: float = 0.0
     """Building the cross-encoder's input sequences."""
     infer: float
@@ -181,18 +199,16 @@ class RerankResponse(_Wire):
     """Wall time per stage in milliseconds."""
 
 
-# --------------------------------------------------------------------------- Jina: /v1/rerank
 
 
-class JinaDocumentIn(_Strict):
-    """A Jina document object; only text documents are supported."""
+# --------------------------------------------------------------------------- Jina and Cohere v1: /v1/rerank
 
-    text: str
-    """The document text."""
+VendorDocument = str | dict[str, Any]
+"""A string, or an object: its ``text`` field is read, or the ``rank_fields`` as "field: value" lines."""
 
 
-class JinaRerankRequest(_Strict):
-    """POST /v1/rerank in Jina AI's shape, ranked with the default strategy and selector."""
+class V1RerankRequest(_Vendor):
+    """POST /v1/rerank: Jina AI's shape, which Cohere's v1 shape extends; both clients post here."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -201,21 +217,45 @@ class JinaRerankRequest(_Strict):
     )
 
     model: str | None = None
-    """Accepted for compatibility and ignored: the service hosts one model."""
-    query: str = Field(min_length=1, examples=[_QUERY])
-    """The search query, non-blank."""
-    documents: list[str | JinaDocumentIn] = Field(min_length=1, examples=[_DOCS])
-    """Strings or {text}; same limits as POST /rerank."""
+    """Accepted; the service hosts one model (named in the answer). Listed as ignored when it names another."""
+    query: str = _query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    documents: list[VendorDocument] = Field(min_length=1, examples=[_DOCS])
+    """Strings, or objects with a ``text`` field (or the ``rank_fields``); same limits as POST /rerank."""
     top_n: int | None = Field(None, ge=1)
     """Return only the best top_n results; unset = all."""
     return_documents: bool = True
-    """Echo each result's text (Jina's default: true)."""
+    """Echo each result's document (Jina's default: true)."""
+    rank_fields: list[str] | None = None
+    """Cohere v1: the fields of object documents that are read, as "field: value" lines; unset = ``text``."""
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    """Read at most this many tokens of each document."""
+    max_chunks_per_doc: int | None = Field(None, ge=1)
+    """Cohere v1: accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+    return_embeddings: bool | None = None
+    """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
 
     _query_not_blank = field_validator("query")(_non_blank)
 
-    def texts(self) -> list[str]:
-        """The document texts, in request order."""
-        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+class VendorDocumentOut(_Wire):
+    """The document as sent: {"text": ...} for a string; an object is echoed as it came."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="allow")
+
+    text: str | None = None
+    """The document text (for a string document)."""
+
+
+class VendorResult(_Wire):
+    """One ranked document, Jina/Cohere shape."""
+
+    index: int
+    """Position of the document in the request."""
+    relevance_score: float
+    """sigmoid of keyrank's score: in (0, 1) as Jina and Cohere clients expect, same order."""
+    document: VendorDocumentOut | None = None
+    """The document; with return_documents."""
 
 
 class JinaUsage(_Wire):
@@ -225,66 +265,11 @@ class JinaUsage(_Wire):
     """Tokens the cross-encoder read (keyrank's scored_tokens)."""
 
 
-class JinaResult(_Wire):
-    """One ranked document, Jina shape."""
-
-    index: int
-    """Position of the document in the request."""
-    relevance_score: float
-    """sigmoid of keyrank's score: in (0, 1) as Jina clients expect, same order."""
-    document: DocumentOut | None = None
-    """The document; with return_documents."""
-
-
-class JinaRerankResponse(_Wire):
-    """POST /v1/rerank answer."""
-
-    model: str
-    """The cross-encoder that scored the documents."""
-    usage: JinaUsage
-    """Tokens read."""
-    results: list[JinaResult]
-    """Best first, cut to top_n."""
-
-
-# --------------------------------------------------------------------------- Cohere: /v2/rerank
-
-
-class CohereRerankRequest(_Strict):
-    """POST /v2/rerank in Cohere's v2 shape, ranked with the default strategy and selector."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"model": "rerank-v3.5", "query": _QUERY, "documents": _DOCS, "top_n": 1}]}
-    )
-
-    model: str
-    """Required by Cohere's API; accepted and ignored (the service hosts one model)."""
-    query: str = Field(min_length=1, examples=[_QUERY])
-    """The search query, non-blank."""
-    documents: list[str] = Field(min_length=1, examples=[_DOCS])
-    """Plain-text documents; same limits as POST /rerank."""
-    top_n: int | None = Field(None, ge=1)
-    """Return only the best top_n results; unset = all."""
-    max_tokens_per_doc: int | None = Field(None, ge=1)
-    """Read at most this many tokens of each document; unset = as the strategy reads (Cohere cuts at 4096)."""
-
-    _query_not_blank = field_validator("query")(_non_blank)
-
-
-class CohereResult(_Wire):
-    """One ranked document, Cohere shape."""
-
-    index: int
-    """Position of the document in the request."""
-    relevance_score: float
-    """sigmoid of keyrank's score: in (0, 1) as Cohere clients expect, same order."""
-
-
 class CohereApiVersion(_Wire):
     """Cohere's api_version block."""
 
-    version: Literal["2"] = "2"
-    """Always "2"."""
+    version: Literal["1", "2"] = "2"
+    """The Cohere API version of the route: "1" on /v1/rerank, "2" on /v2/rerank."""
 
 
 class CohereBilledUnits(_Wire):
@@ -297,10 +282,57 @@ class CohereBilledUnits(_Wire):
 class CohereMeta(_Wire):
     """Cohere's meta block."""
 
-    api_version: CohereApiVersion = CohereApiVersion()
-    """Always version 2."""
+    api_version: CohereApiVersion
+    """Version of the Cohere shape."""
     billed_units: CohereBilledUnits
     """Search units of the request."""
+
+
+class V1RerankResponse(_Wire):
+    """POST /v1/rerank answer: Jina's fields (model, usage, results) and Cohere v1's (id, results, meta)."""
+
+    id: str
+    """The request id (also the X-Request-ID header)."""
+    model: str
+    """The cross-encoder that scored the documents (KEYRANK_MODEL_NAME)."""
+    usage: JinaUsage
+    """Tokens read."""
+    results: list[VendorResult]
+    """Best first, cut to top_n."""
+    meta: CohereMeta
+    """Cohere v1's API version and billing."""
+
+
+# --------------------------------------------------------------------------- Cohere v2: /v2/rerank
+
+
+class CohereRerankRequest(_Vendor):
+    """POST /v2/rerank in Cohere's v2 shape, ranked with the default strategy and selector."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"model": "rerank-v3.5", "query": _QUERY, "documents": _DOCS, "top_n": 1}]}
+    )
+
+    model: str
+    """Required by Cohere's API; the service hosts one model. Listed as ignored when it names another."""
+    query: str = _query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    documents: list[VendorDocument] = Field(min_length=1, examples=[_DOCS])
+    """Strings (objects as on /v1/rerank are accepted too); same limits as POST /rerank."""
+    top_n: int | None = Field(None, ge=1)
+    """Return only the best top_n results; unset = all."""
+    max_tokens_per_doc: int | None = Field(None, ge=1)
+    """Read at most this many tokens of each document; unset = as the strategy reads (Cohere cuts at 4096)."""
+    return_documents: bool = False
+    """Echo each result's document (sent by older clients; Cohere's v2 default: false)."""
+    rank_fields: list[str] | None = None
+    """As on /v1/rerank, for object documents."""
+    priority: int | None = None
+    """Cohere: accepted and ignored; every admitted request is served in arrival order."""
+    max_chunks_per_doc: int | None = Field(None, ge=1)
+    """Accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+
+    _query_not_blank = field_validator("query")(_non_blank)
 
 
 class CohereRerankResponse(_Wire):
@@ -308,7 +340,7 @@ class CohereRerankResponse(_Wire):
 
     id: str
     """The request id (also the X-Request-ID header)."""
-    results: list[CohereResult]
+    results: list[VendorResult]
     """Best first, cut to top_n."""
     meta: CohereMeta
     """API version and billing."""
@@ -322,7 +354,7 @@ class ErrorBody(_Wire):
 
     type: str = Field(examples=["invalid_request"])
     """Kind of error: invalid_request, invalid_json, limit_exceeded, body_too_large, unauthorized, not_found,
-    unavailable, internal."""
+    overloaded, unavailable, internal."""
     message: str
     """What was wrong and, for a limit, the setting that sets it."""
     field: str | None = Field(None, examples=["documents[3]"])
@@ -334,31 +366,29 @@ class ErrorBody(_Wire):
 
 
 class ErrorResponse(_Wire):
-    """Every 4xx and 5xx answer."""
+    """Every 4xx and 5xx answer of keyrank's own routes."""
 
     error: ErrorBody
     """What went wrong."""
 
 
-# --------------------------------------------------------------------------- limits
+class V1ErrorResponse(_Wire):
+    """4xx/5xx of /v1/rerank: Jina clients read ``detail``, Cohere v1 clients ``message``."""
+
+    detail: str
+    """What went wrong (Jina's field)."""
+    message: str
+    """The same text (Cohere's field)."""
+    error: ErrorBody
+    """keyrank's structured error."""
 
 
-class LimitExceeded(InvalidRequest):
-    """A configured request limit was exceeded (-> 422); ``setting`` names the environment variable."""
+class CohereErrorResponse(_Wire):
+    """4xx/5xx of /v2/rerank in Cohere's shape."""
 
-    def __init__(self, field: str, what: str, limit: int, setting: str):
-        super().__init__(f"{field}: {what} exceed the limit of {limit} ({setting})", field=field)
-        self.setting = setting
-
-
-def check_limits(query: str, texts: list[str], settings: Settings) -> None:
-    """Raise LimitExceeded, naming the setting, when a configured limit is exceeded."""
-    if len(texts) > settings.max_documents:
-        raise LimitExceeded("documents", f"{len(texts)} documents", settings.max_documents, "KEYRANK_MAX_DOCUMENTS")
-    if len(query) > settings.max_query_chars:
-        raise LimitExceeded("query", f"{len(query)} characters", settings.max_query_chars, "KEYRANK_MAX_QUERY_CHARS")
-    for i, text in enumerate(texts):
-        if len(text) > settings.max_document_chars:
-            raise LimitExceeded(
-                f"documents[{i}]", f"{len(text)} characters", settings.max_document_chars, "KEYRANK_MAX_DOCUMENT_CHARS"
-            )
+    id: str | None = None
+    """The request id."""
+    message: str
+    """What went wrong (Cohere's field)."""
+    error: ErrorBody
+    """keyrank's structured error."""

@@ -1,0 +1,156 @@
+"""Stage 0, at the door: admit a request only if the work already admitted can drain in time.
+
+In the style of text-embeddings-inference's queue bound: every request's cost is
+estimated from its strategy and character counts, before any tokenizing, in
+cross-encoder sequences; admitted, unfinished work is bounded; a request that
+would exceed the bound is answered 429 at once, with a ``Retry-After`` that is
+the time the work queued now needs to drain at the measured rate. Deadline
+503s stay for outages: what is admitted can finish inside its deadline.
+
+The bound is ``KEYRANK_MAX_QUEUED_SEQUENCES`` or, unset, the measured drain
+rate times half the request deadline (the other half is margin for the
+estimate and the CPU stages). Until a rate is measured,
+``KEYRANK_CAPACITY_SEQUENCES_PER_S`` stands in for it: 4 sequences/s is what
+the embedded CPU Triton drained on the reference machine (2 cores,
+MiniLM-L6, 300-word documents = one 512-token sequence each, 8 concurrent
+requests: 3.5 seq/s; 16 concurrent requests already missed the 30 s deadline).
+``tests/test_api_admission.py::test_measure_capacity`` (``-m slow``) re-measures it.
+
+One queue per gateway process, on its event loop (no lock needed).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from keyrank import metrics
+from keyrank.config import Settings
+from keyrank.errors import Overloaded
+from keyrank.strategies import get_spec
+
+CHARS_PER_TOKEN = 4.0
+"""Characters per token of English prose under BERT/RoBERTa-style vocabularies (~4, the figure
+OpenAI and Hugging Face quote); over-estimating the token count of code or numbers is the safe side."""
+
+FRAME_TOKENS = 4
+"""Special tokens around query and document in one sequence ([CLS] q [SEP] d [SEP] is 3; <s> q </s></s> d </s> is 4)."""
+
+_RATE_SAMPLE_S = 1.0
+"""Busy time over which one drain-rate sample is taken."""
+_RATE_SMOOTHING = 0.3
+"""Weight of a new sample in the moving average of the drain rate."""
+_MAX_RETRY_AFTER_S = 60
+"""Retry-After is capped: past a minute a client should rather fail over than wait."""
+
+
+def estimate_sequences(
+    strategy: str,
+    selector: str | None,
+    query: str,
+    documents: Sequence[str],
+    settings: Settings,
+    max_tokens_per_doc: int | None = None,
+) -> int:
+    """Cross-encoder sequences the request will need, from character counts only.
+
+    prefix (firstp) and blocks (keyb2) read one sequence per document; the cross selector first
+    scores every block alone; sliding windows overlap by the stride (half a window by default) and
+    disjoint chunks do not, both capped at ``max_windows_per_doc``.
+    """
+    spec = get_spec(strategy)
+    chars = np.fromiter((len(d) for d in documents), dtype=np.float64, count=len(documents))
+    tokens = np.ceil(chars / CHARS_PER_TOKEN)
+    if max_tokens_per_doc is not None:
+        tokens = np.minimum(tokens, max_tokens_per_doc)
+    query_tokens = min(math.ceil(len(query) / CHARS_PER_TOKEN), settings.query_max_tokens)
+    window = max(1, settings.max_sequence_length - query_tokens - FRAME_TOKENS)
+    if spec.cut == "prefix":
+        return len(documents)
+    if spec.cut == "blocks":
+        blocks = np.ceil(tokens / settings.block_max_tokens) if selector == "cross" else 0
+        return int(len(documents) + np.sum(blocks))
+    stride = window if spec.cut == "disjoint" else (settings.window_stride or max(1, window // 2))
+    windows = 1 + np.ceil(np.maximum(tokens - window, 0) / stride)
+    return int(np.sum(np.minimum(windows, settings.max_windows_per_doc)))
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One admitted request's share of the queue, returned by ``release``."""
+
+    sequences: int
+    """The request's estimated cost."""
+    released: bool = False
+    """Set by ``release``: a ticket frees its share once."""
+
+
+class AdmissionQueue:
+    """Bounded admitted work, with the drain rate measured from what finishes."""
+
+    def __init__(self, settings: Settings):
+        self.fixed_bound: int | None = settings.max_queued_sequences
+        """KEYRANK_MAX_QUEUED_SEQUENCES, or None to size the bound from the drain rate."""
+        self.wait_budget_s: float = settings.request_timeout_s / 2
+        """How long admitted work may wait to drain: half the deadline."""
+        self.rate: float = settings.capacity_sequences_per_s
+        """Sequences per second drained while busy (moving average; seeded from the settings)."""
+        self.depth: int = 0
+        """Estimated sequences admitted and not finished."""
+        self._busy_since: float | None = None
+        self._sample_busy_s = 0.0
+        self._sample_sequences = 0
+        metrics.QUEUED_SEQUENCES.set(0)
+        metrics.DRAIN_RATE.set(self.rate)
+
+    @property
+    def bound(self) -> int:
+        """Most sequences admitted at once."""
+        if self.fixed_bound is not None:
+            return self.fixed_bound
+        return max(1, int(self.rate * self.wait_budget_s))
+
+    def retry_after_s(self) -> int:
+        """Seconds until the work queued now has drained at the measured rate (1..60)."""
+        return min(_MAX_RETRY_AFTER_S, max(1, math.ceil(self.depth / self.rate)))
+
+    def admit(self, sequences: int) -> Ticket:
+        """A ticket, or ``Overloaded`` when the bound would be passed.
+
+        An idle gateway admits any request, however large, so that no request is refused forever;
+        it then runs alone and its deadline decides.
+        """
+        if self.depth > 0 and self.depth + sequences > self.bound:
+            raise Overloaded(
+                f"the gateway is at capacity ({self.depth} sequences queued, bound {self.bound}); "
+                f"this request needs about {sequences}",
+                retry_after_s=self.retry_after_s(),
+            )
+        if self.depth == 0:
+            self._busy_since = time.monotonic()
+        self.depth += sequences
+        metrics.QUEUED_SEQUENCES.set(self.depth)
+        return Ticket(sequences)
+
+    def release(self, ticket: Ticket, *, completed: bool) -> None:
+        """Free the ticket's share; ``completed`` work counts towards the drain rate."""
+        if ticket.released:
+            return
+        ticket.released = True
+        self.depth -= ticket.sequences
+        metrics.QUEUED_SEQUENCES.set(self.depth)
+        if completed:
+            self._sample_sequences += ticket.sequences
+        now = time.monotonic()
+        if self._busy_since is not None:
+            self._sample_busy_s += now - self._busy_since
+            self._busy_since = now if self.depth > 0 else None
+        if self._sample_busy_s >= _RATE_SAMPLE_S and self._sample_sequences:
+            sample = self._sample_sequences / self._sample_busy_s
+            self.rate = (1 - _RATE_SMOOTHING) * self.rate + _RATE_SMOOTHING * sample
+            metrics.DRAIN_RATE.set(self.rate)
+            self._sample_busy_s, self._sample_sequences = 0.0, 0

@@ -1,0 +1,74 @@
+"""The app factory: settings, the reranker's lifetime, the admission queue, middleware, routes, docs."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from keyrank.admission import AdmissionQueue
+from keyrank.api.docs import mount_docs
+from keyrank.api.errors import RERANK_PATHS, install_error_handlers
+from keyrank.api.limits import openapi_limits
+from keyrank.api.middleware import ApiKeyGate, BodyLimit, RequestId
+from keyrank.api.probes import router as probes
+from keyrank.api.routes.compat import router as compat_routes
+from keyrank.api.routes.native import router as native_routes
+from keyrank.config import Settings, get_settings
+
+if TYPE_CHECKING:
+    from keyrank.reranker import Reranker
+
+SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on a Triton cross-encoder."
+
+
+def create_app(settings: Settings | None = None, reranker: Reranker | None = None) -> FastAPI:
+    """The gateway. Without ``reranker`` the lifespan builds one from ``settings`` and closes it;
+    a reranker passed in belongs to the caller and is left open."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if reranker is not None:
+            yield
+            return
+        from keyrank.reranker import Reranker  # the pipeline's imports stay out of `import keyrank.api`
+
+        app.state.reranker = Reranker(settings)
+        try:
+            yield
+        finally:
+            await app.state.reranker.aclose()
+
+    app = FastAPI(title="keyrank", summary=SUMMARY, version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.settings = settings
+    app.state.reranker = reranker
+    app.state.admission = AdmissionQueue(settings)
+    # add_middleware wraps from the outside in: the request id is set before the key and the size are checked.
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(ApiKeyGate, api_key=settings.api_key)
+    app.add_middleware(RequestId)
+    install_error_handlers(app)
+    app.include_router(probes)
+    app.include_router(native_routes)
+    app.include_router(compat_routes)
+    mount_docs(app)
+    app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """FastAPI's schema, plus the configured limits (maxItems/maxLength) and the optional Bearer key."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
+        openapi_limits(schema, settings)
+        if settings.api_key is not None:
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "KEYRANK_API_KEY"}
+            }
+            for path in RERANK_PATHS:
+                schema["paths"][path]["post"]["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema

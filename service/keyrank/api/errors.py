@@ -1,0 +1,192 @@
+"""Every error answer, in the dialect of the route that was called, and the outcome it counts.
+
+- keyrank's routes: ``{"error": {type, message, field, request_id, details}}``;
+- /v1/rerank (Jina and Cohere v1 clients): ``{"detail", "message", "error"}``: Jina's clients read
+  ``detail``, Cohere's ``message``;
+- /v2/rerank (Cohere v2): ``{"id", "message", "error"}``.
+
+Messages name what the caller can fix; they never carry internal addresses, paths or stack traces
+(those go to the log, with the request id). 429 and 503 carry ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from keyrank import metrics
+from keyrank.errors import ClientClosed, InvalidRequest, LimitExceeded, Overloaded, ScoringUnavailable
+from keyrank.schemas import CohereErrorResponse, ErrorResponse, V1ErrorResponse
+
+log = logging.getLogger("keyrank.api")
+
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+CLIENT_CLOSED = 499
+"""nginx's status for a request whose client went away: logged and counted, never read by anyone."""
+
+_ERROR_TYPES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_DESCRIPTIONS = {
+    400: "Body is not JSON; the message names the parse error.",
+    401: "Missing or wrong API key (only when KEYRANK_API_KEY is set); checked before the body is read.",
+    413: "Body larger than KEYRANK_MAX_BODY_BYTES.",
+    422: "Invalid field or a configured limit exceeded; the message names it.",
+    429: "At capacity (KEYRANK_MAX_QUEUED_SEQUENCES); retry after Retry-After seconds.",
+    503: "Scoring unavailable (Triton down, not ready or past the deadline); retry after Retry-After seconds.",
+}
+
+
+def documented_errors(model: type) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route, for its OpenAPI ``responses``."""
+    return {code: {"model": model, "description": text} for code, text in _DESCRIPTIONS.items()}
+
+
+NATIVE_ERRORS = documented_errors(ErrorResponse)
+V1_ERRORS = documented_errors(V1ErrorResponse)
+V2_ERRORS = documented_errors(CohereErrorResponse)
+
+
+def record(request: Request, outcome: str) -> None:
+    """One count per rerank request; the strategy label is '-' when the body never parsed."""
+    if request.url.path in RERANK_PATHS:
+        strategy = getattr(request.state, "strategy", "-")
+        metrics.REQUESTS.labels(request.url.path, strategy, outcome).inc()
+
+
+def error_response(
+    request: Request,
+    status: int,
+    kind: str,
+    message: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+    details: list[dict[str, Any]] | None = None,
+) -> JSONResponse:
+    """The error answer in the dialect of ``request``'s route."""
+    request_id = getattr(request.state, "request_id", None)
+    error: dict[str, Any] = {"type": kind, "message": message, "request_id": request_id}
+    if field is not None:
+        error["field"] = field
+    if details:
+        error["details"] = details
+    path = request.url.path
+    if path == "/v1/rerank":
+        body: dict[str, Any] = {"detail": message, "message": message, "error": error}
+    elif path == "/v2/rerank":
+        body = {"id": request_id, "message": message, "error": error}
+    else:
+        body = {"error": error}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _field_name(loc: Sequence[Any]) -> str:
+    """("body", "documents", 3, "DocumentIn", "text") -> "documents[3].text" (union member names dropped)."""
+    name = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part in ("str", "bool", "int") or part[:1].isupper() or "[" in part:
+            continue  # pydantic names the union member it tried; the caller never wrote it
+        else:
+            name += f".{part}" if name else part
+    return name or "body"
+
+
+async def _parse_position(request: Request, loc: Sequence[Any]) -> str:
+    """" at line L, column C" of the parse error (FastAPI gives the character offset), or ""."""
+    offset = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if offset is None:
+        return ""
+    try:
+        text = (await request.body()).decode("utf-8", errors="replace")[:offset]
+    except Exception:  # the body stream is gone: the offset alone still helps
+        return f" at character {offset}"
+    line = text.count("\n") + 1
+    return f" at line {line}, column {offset - (text.rfind(chr(10)) + 1) + 1}"
+
+
+async def _validation_failed(request: Request, exc: RequestValidationError) -> JSONResponse:
+    record(request, "invalid")
+    errors = exc.errors()
+    parse_errors = [e for e in errors if e["type"] == "json_invalid"]
+    if parse_errors:
+        reason = parse_errors[0].get("ctx", {}).get("error", "") or "cannot parse"
+        where = await _parse_position(request, parse_errors[0]["loc"])
+        return error_response(request, 400, "invalid_json", f"body is not valid JSON: {reason}{where}", field="body")
+    details = []
+    for e in errors:
+        field = _field_name(e["loc"])
+        if e["type"] == "extra_forbidden":
+            message = "unknown field"
+        elif field == "body" and e["type"] == "missing":
+            message = "a JSON object is required"
+        elif field == "body":
+            message = f"{e['msg']} (send a JSON object with Content-Type: application/json)"
+        else:
+            message = e["msg"]
+        details.append({"field": field, "message": message, "type": e["type"]})
+    # One readable line: the first message per field. A union fails once per member; when one
+    # member got deeper (documents[0].text) its error is the one that says what is wrong.
+    by_field: dict[str, list[str]] = {}
+    for d in details:
+        messages = by_field.setdefault(d["field"], [])
+        if d["message"] not in messages:
+            messages.append(d["message"])
+    deepest = [f for f in by_field if not any(g != f and g.startswith((f + ".", f + "[")) for g in by_field)]
+    summary = "; ".join(f"{f}: {', or '.join(by_field[f])}" for f in deepest[:3])
+    return error_response(request, 422, "invalid_request", summary, field=deepest[0], details=details)
+
+
+async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
+    record(request, "invalid")
+    kind = "limit_exceeded" if isinstance(exc, LimitExceeded) else "invalid_request"
+    return error_response(request, 422, kind, str(exc), field=exc.field)
+
+
+async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
+    record(request, "overloaded")
+    return error_response(request, 429, "overloaded", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+
+
+async def _unavailable(request: Request, exc: ScoringUnavailable) -> JSONResponse:
+    record(request, "unavailable")
+    # The cause (addresses, Triton's words) is for the operator's log, not for the caller.
+    log.warning("scoring unavailable, request_id=%s: %s", getattr(request.state, "request_id", None), exc)
+    retry_after = request.app.state.settings.retry_after_s
+    message = f"scoring is unavailable (backend down, not ready or past the request deadline); retry after {retry_after} s"
+    return error_response(request, 503, "unavailable", message, headers={"Retry-After": str(retry_after)})
+
+
+async def _client_closed(request: Request, exc: ClientClosed) -> JSONResponse:
+    record(request, "client_closed")
+    log.info("client closed the request, request_id=%s; its work was cancelled", getattr(request.state, "request_id", None))
+    return error_response(request, CLIENT_CLOSED, "client_closed", "client closed the request")
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    record(request, "error" if exc.status_code >= 500 else "invalid")
+    kind = "internal" if exc.status_code >= 500 else _ERROR_TYPES.get(exc.status_code, "http_error")
+    return error_response(request, exc.status_code, kind, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    request_id = getattr(request.state, "request_id", None)
+    log.error("unhandled error, request_id=%s", request_id, exc_info=exc)
+    record(request, "error")
+    return error_response(request, 500, "internal", f"internal error (request id {request_id})")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every exception the routes raise becomes one answer and one count."""
+    app.add_exception_handler(RequestValidationError, _validation_failed)
+    app.add_exception_handler(InvalidRequest, _invalid_request)
+    app.add_exception_handler(Overloaded, _overloaded)
+    app.add_exception_handler(ScoringUnavailable, _unavailable)
+    app.add_exception_handler(ClientClosed, _client_closed)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)

@@ -1,0 +1,103 @@
+"""ASGI middleware, outermost first: request id, API key, body limit.
+
+Each works on the raw ASGI messages, before FastAPI reads or parses the body:
+an unauthenticated or oversized request costs the gateway a header scan, never
+a JSON parse.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+
+from fastapi import HTTPException, Request
+from pydantic import SecretStr
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from keyrank.api.errors import RERANK_PATHS, error_response, record
+
+_REQUEST_ID = re.compile(r"^[\w.:@/+=-]{1,128}$")  # echo only ids that are safe to log and to put in a header
+
+
+class RequestId:
+    """Gives every request an id (the caller's ``X-Request-ID`` if sane) and echoes it."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = Headers(scope=scope).get("x-request-id", "")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class ApiKeyGate:
+    """401 unless ``Authorization: Bearer <KEYRANK_API_KEY>``, on the rerank routes, before the body is read.
+
+    The probes, /metrics and the docs stay open: kubelets and Prometheus call them from inside the
+    cluster and they carry no request content.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: SecretStr | None):
+        self.app = app
+        self.key = api_key.get_secret_value().encode() if api_key is not None else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.key is None or scope["type"] != "http" or scope["path"] not in RERANK_PATHS:
+            return await self.app(scope, receive, send)
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self.key):
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        record(request, "invalid")
+        if not token:
+            message, challenge = "missing API key: send Authorization: Bearer <key>", "Bearer"
+        else:
+            message, challenge = "invalid API key", 'Bearer error="invalid_token"'
+        response = error_response(request, 401, "unauthorized", message, headers={"WWW-Authenticate": challenge})
+        await response(scope, receive, send)
+
+
+class BodyLimit:
+    """413 for bodies over ``max_body_bytes``, before FastAPI parses (or even buffers) them."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int):
+        self.app = app
+        self.limit = max_body_bytes
+
+    def _too_large(self, size: str) -> str:
+        return f"request body of {size} bytes exceeds the limit of {self.limit} (KEYRANK_MAX_BODY_BYTES)"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            request = Request(scope)
+            record(request, "invalid")
+            response = error_response(request, 413, "body_too_large", self._too_large(declared))
+            return await response(scope, receive, send)
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    # Raised inside FastAPI's body read, which re-raises HTTPException to our handler.
+                    raise HTTPException(413, self._too_large(f"more than {self.limit}"))
+            return message
+
+        await self.app(scope, counted_receive, send)

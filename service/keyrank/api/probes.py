@@ -1,0 +1,50 @@
+"""Operations: liveness, readiness, Prometheus metrics. Open without the API key (no request content)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from keyrank.api.errors import NATIVE_ERRORS, error_response
+from keyrank.config import Settings
+
+log = logging.getLogger("keyrank.api")
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers.")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz", summary="Readiness: Triton is up and the cross-encoder loaded.", responses={503: NATIVE_ERRORS[503]}
+)
+async def readyz(request: Request) -> Response:
+    settings: Settings = request.app.state.settings
+    reranker = request.app.state.reranker
+    try:
+        # The probe itself must not hang on a dead Triton: bounded by the connect timeout.
+        ready = reranker is not None and await asyncio.wait_for(reranker.ready(), settings.triton_connect_timeout_s)
+    except Exception as exc:  # timeout, connection refused, ...: all mean "not ready"
+        log.info("readiness probe failed: %r", exc)
+        ready = False
+    if ready:
+        return JSONResponse({"status": "ready"})
+    retry = {"Retry-After": str(settings.retry_after_s)}
+    return error_response(request, 503, "unavailable", "the scoring backend is not ready", headers=retry)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics.",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format."}},
+)
+async def prometheus_metrics() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,34 @@
+"""The rerank routes, thin: parse (schemas.py), call (api/ranking.py), shape the answer.
+
+- native.py: POST /rerank, keyrank's own shape;
+- compat.py: POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2).
+
+What every answer shares lives here.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import PurePath
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+
+if TYPE_CHECKING:
+    from keyrank.reranker import Ranking
+
+
+def served_model(request: Request, ranking: Ranking) -> str:
+    """KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name: never a server path."""
+    name = request.app.state.settings.model_name or ranking.model
+    return PurePath(name).name if name.startswith(("/", ".", "~", "\\")) else name
+
+
+def timing_header(ranking: Ranking) -> dict[str, str]:
+    """The per-stage wall times as a ``Server-Timing`` header."""
+    return {"Server-Timing": ", ".join(f"{stage};dur={ms:.3f}" for stage, ms in ranking.timings_ms.items())}
+
+
+def sigmoid(score: float) -> float:
+    """Maps the logit into [0, 1] as Jina and Cohere clients expect; the order is unchanged."""
+    return 0.5 * (1.0 + math.tanh(0.5 * score))

@@ -1,0 +1,132 @@
+"""Drop-in routes: existing Jina and Cohere clients switch to keyrank by changing their base URL.
+
+- POST /v1/rerank: Jina's shape, and Cohere's v1 shape (which extends it: rank_fields,
+  max_chunks_per_doc, object documents). The answer carries both vendors' fields (Jina: model,
+  usage; Cohere v1: id, meta) and each client reads its own. Errors carry ``detail`` (Jina) and
+  ``message`` (Cohere).
+- POST /v2/rerank: Cohere's v2 shape; errors carry ``message``.
+
+Both rank with the default strategy and selector. Every field the vendors' APIs and SDKs send is
+accepted; those that change nothing here (``priority``, ``max_chunks_per_doc``,
+``return_embeddings``, a ``model`` other than the served one, fields unknown to us) are named in
+the ``X-Keyrank-Ignored-Fields`` header. Scores are the sigmoid of keyrank's, in [0, 1] as these
+clients expect, in the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from keyrank.api.errors import V1_ERRORS, V2_ERRORS
+from keyrank.api.ranking import rank
+from keyrank.api.routes import served_model, sigmoid, timing_header
+from keyrank.errors import InvalidRequest
+from keyrank.reranker import RerankOptions
+from keyrank.schemas import CohereRerankRequest, CohereRerankResponse, V1RerankRequest, V1RerankResponse
+
+if TYPE_CHECKING:
+    from keyrank.reranker import Ranking
+
+router = APIRouter(tags=["drop-in (Jina, Cohere)"])
+
+IGNORED_HEADER = "X-Keyrank-Ignored-Fields"
+_IGNORED = frozenset({"max_chunks_per_doc", "return_embeddings", "priority"})
+"""Vendor fields accepted for compatibility that change nothing here."""
+_MAX_NAMED = 32
+"""At most this many ignored fields are named in the header (it must stay a header)."""
+
+
+@router.post(
+    "/v1/rerank", response_model=V1RerankResponse, responses=V1_ERRORS, summary="Jina AI and Cohere v1 rerank shape."
+)
+async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
+    texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
+    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc)
+    ranking = await rank(request, body.query, texts, options)
+    model = served_model(request, ranking)
+    answer = {
+        "id": request.state.request_id,
+        "model": model,
+        "usage": {"total_tokens": ranking.usage.scored_tokens},
+        "results": _results(ranking, body.documents, body.return_documents),
+        "meta": _meta("1", len(texts)),
+    }
+    return JSONResponse(answer, headers=_headers(ranking, body, model))
+
+
+@router.post("/v2/rerank", response_model=CohereRerankResponse, responses=V2_ERRORS, summary="Cohere v2 rerank shape.")
+async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
+    texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
+    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc)
+    ranking = await rank(request, body.query, texts, options)
+    answer = {
+        "id": request.state.request_id,
+        "results": _results(ranking, body.documents, body.return_documents),
+        "meta": _meta("2", len(texts)),
+    }
+    return JSONResponse(answer, headers=_headers(ranking, body, served_model(request, ranking)))
+
+
+def document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:
+    """The text a vendor document is ranked by: the string; an object's ``text``; or, with
+    ``rank_fields``, those fields as "field: value" lines in that order (as Cohere v1 reads them)."""
+    if isinstance(document, str):
+        return document
+    field = f"documents[{index}]"
+    if rank_fields:
+        lines = [f"{name}: {_as_text(document[name])}" for name in rank_fields if name in document]
+        if not lines:
+            raise InvalidRequest(f"{field}: has none of the rank_fields {rank_fields}", field=field)
+        return "\n".join(lines)
+    text = document.get("text")
+    if not isinstance(text, str):
+        raise InvalidRequest(
+            f"{field}: an object document needs a string `text` field (or name its fields in rank_fields); "
+            "only text documents are supported",
+            field=field,
+        )
+    return text
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _results(ranking: Ranking, documents: list[str | dict[str, Any]], with_documents: bool) -> list[dict[str, Any]]:
+    results = []
+    for r in ranking.results:
+        result: dict[str, Any] = {"index": r.index, "relevance_score": sigmoid(r.score)}
+        if with_documents:
+            sent = documents[r.index]
+            result["document"] = {"text": sent} if isinstance(sent, str) else sent
+        results.append(result)
+    return results
+
+
+def _meta(version: str, n_documents: int) -> dict[str, Any]:
+    # Cohere bills one search unit per query and started 100 documents.
+    return {"api_version": {"version": version}, "billed_units": {"search_units": max(1, math.ceil(n_documents / 100))}}
+
+
+def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str) -> list[str]:
+    """Fields the caller sent that changed nothing: vendor-only ones, unknown ones, another model's name."""
+    names = sorted((body.model_fields_set & _IGNORED) | set(body.model_extra or {}))
+    if body.model is not None and body.model != model:
+        names.insert(0, "model")
+    return names
+
+
+def _headers(ranking: Ranking, body: V1RerankRequest | CohereRerankRequest, model: str) -> dict[str, str]:
+    headers = timing_header(ranking)
+    ignored = ignored_fields(body, model)
+    if ignored:
+        # Unknown field names are the caller's text: percent-encoded so they stay one header line.
+        named = [quote(name, safe="_-.") for name in ignored[:_MAX_NAMED]]
+        headers[IGNORED_HEADER] = ", ".join(named + (["..."] if len(ignored) > _MAX_NAMED else []))
+    return headers
