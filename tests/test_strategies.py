@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from keyrank.segment import Spans
-from keyrank.strategies import model_input, passage_budget
+from keyrank.template import InputTemplate
 from keyrank.strategies.firstp import first_passage
 from keyrank.strategies.keyb2 import select_blocks
 from keyrank.tokenize import TextTokenizer
@@ -49,16 +49,20 @@ def test_firstp_never_sees_text_after_the_budget():
     assert passage.starts.tolist() == [0] and passage.ends.tolist() == [477]
 
 
-def test_model_input_is_cls_query_sep_passage_sep_with_token_types():
+BERT = InputTemplate.bert(cls_id=101, sep_id=102, pad_id=0)
+
+
+def test_bert_template_frames_cls_query_sep_passage_sep_with_token_types():
     query = TOKENIZER.encode_query("what is keyb2", 32)
     doc = TOKENIZER.encode_documents(["first block. second block. third block."])[0]
     passage = select_blocks(0, _spans([3, 3, 3]), np.array([0.0, 1.0, 2.0]), budget=6)
-    ids, types = model_input(query, doc, passage, TOKENIZER.cls_id, TOKENIZER.sep_id)
-    expected = [TOKENIZER.cls_id, *query.ids, TOKENIZER.sep_id, *doc.ids[3:9], TOKENIZER.sep_id]
-    assert ids.tolist() == expected
+    ids, types = BERT.build(query.ids, doc.ids, passage.starts, passage.ends)
+    assert ids.tolist() == [101, *query.ids, 102, *doc.ids[3:9], 102]
     assert types.tolist() == [0] * (len(query) + 2) + [1] * 7
 
 
-def test_passage_budget_keeps_every_sequence_within_512():
-    assert passage_budget(32, 512) == 477
-    assert 1 + 32 + 1 + passage_budget(32, 512) + 1 == 512
+def test_bert_budget_is_512_minus_3_minus_the_query_so_every_sequence_fits():
+    assert BERT.document_budget(32) == 477
+    assert BERT.document_budget(29) == 480  # the paper's 480 holds for a 29-token query only
+    assert 1 + 32 + 1 + BERT.document_budget(32) + 1 == 512
+    assert BERT.document_budget(32, max_length=256) == 221

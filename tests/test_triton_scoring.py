@@ -17,7 +17,8 @@ import onnxruntime as ort
 import pytest
 from keyrank.config import Settings
 from keyrank.errors import ScoringUnavailable
-from keyrank.scoring import TritonScorer, bucket_batches
+from keyrank.scoring import ModelInputs, bucket_batches
+from keyrank.scoring.triton import TritonScorer
 from keyrank.triton_server import EmbeddedTriton, EmbeddedTritonError
 from tokenizers import Tokenizer
 
@@ -87,7 +88,11 @@ def _settings(**overrides) -> Settings:
 
 
 async def _with_scorer(url: str, pad_id: int, body, settings: Settings | None = None):
-    scorer = TritonScorer(url, pad_id=pad_id, settings=settings or _settings())
+    s = settings or _settings()
+    scorer = TritonScorer(
+        url, model=s.triton_model, pad_id=pad_id, buckets=s.length_buckets, batch_size=s.triton_batch_size,
+        max_in_flight=s.triton_max_in_flight, probe_timeout_s=s.triton_connect_timeout_s,
+    )
     try:
         return await body(scorer)
     finally:
@@ -96,7 +101,8 @@ async def _with_scorer(url: str, pad_id: int, body, settings: Settings | None = 
 
 def _score(url, pad_id, ids, types, *, want_pooled=True, timeout=60.0, settings=None):
     async def body(scorer):
-        return await scorer.score(ids, types, want_pooled=want_pooled, deadline=time.monotonic() + timeout)
+        scores = await scorer.score(ModelInputs(list(ids), list(types)), want_pooled=want_pooled, deadline=time.monotonic() + timeout)
+        return scores.logits, scores.pooled
 
     return asyncio.run(_with_scorer(url, pad_id, body, settings))
 
@@ -106,7 +112,7 @@ def _score(url, pad_id, ids, types, *, want_pooled=True, timeout=60.0, settings=
 
 def test_sequences_go_to_the_smallest_bucket_that_fits_in_batches_of_at_most_batch_size(sequences):
     ids, types, pad_id = sequences
-    batches = bucket_batches(ids, types, buckets=[64, 128, 256, 384, 512], batch_size=4, pad_id=pad_id)
+    batches = bucket_batches(ModelInputs(list(ids), list(types)), buckets=[64, 128, 256, 384, 512], batch_size=4, pad_id=pad_id)
     seen = np.concatenate([b.rows for b in batches])
     assert sorted(seen.tolist()) == list(range(len(ids)))
     lengths = {len(ids[r]) for b in batches for r in b.rows}
@@ -125,7 +131,7 @@ def test_sequences_go_to_the_smallest_bucket_that_fits_in_batches_of_at_most_bat
 def test_padding_to_buckets_does_not_change_onnx_scores(onnx_session, sequences):
     ids, types, pad_id = sequences
     want_logits, want_pooled = _reference(onnx_session, ids, types)
-    for batch in bucket_batches(ids, types, buckets=[64, 128, 256, 384, 512], batch_size=4, pad_id=pad_id):
+    for batch in bucket_batches(ModelInputs(list(ids), list(types)), buckets=[64, 128, 256, 384, 512], batch_size=4, pad_id=pad_id):
         logits, pooled = onnx_session.run(
             ["logits", "pooled"],
             {
@@ -142,7 +148,7 @@ def test_a_sequence_longer_than_the_largest_bucket_is_refused(sequences):
     ids, types, pad_id = sequences
     too_long = np.ones(513, dtype=np.int64)
     with pytest.raises(ValueError, match="1..512"):
-        bucket_batches([too_long], [too_long], buckets=[64, 512], batch_size=4, pad_id=pad_id)
+        bucket_batches(ModelInputs(list([too_long]), list([too_long])), buckets=[64, 512], batch_size=4, pad_id=pad_id)
 
 
 def test_missing_pytriton_wheel_says_how_to_install_it(monkeypatch, prepared_models):
@@ -192,15 +198,15 @@ def test_concurrent_callers_sharing_one_scorer_each_get_their_own_scores(embedde
 
     async def body(scorer):
         calls = [
-            scorer.score([ids[k] for k in ks], [types[k] for k in ks], want_pooled=False,
+            scorer.score(ModelInputs([ids[k] for k in ks], [types[k] for k in ks]), want_pooled=False,
                          deadline=time.monotonic() + 60)
             for ks in subsets
         ]
         return await asyncio.gather(*calls)
 
     together = asyncio.run(_with_scorer(embedded_triton.grpc_url, pad_id, body))
-    for ks, (logits, _) in zip(subsets, together):
-        np.testing.assert_allclose(logits, alone[ks], atol=1e-4, rtol=0)
+    for ks, scored in zip(subsets, together):
+        np.testing.assert_allclose(scored.logits, alone[ks], atol=1e-4, rtol=0)
 
 
 @pytest.mark.triton
@@ -225,7 +231,7 @@ def test_a_deadline_nearly_past_fails_fast_instead_of_hanging(embedded_triton, s
         for budget in (-1.0, 0.001, 0.2):  # already past, nearly past, past mid-flight
             started = time.monotonic()
             with pytest.raises(ScoringUnavailable, match="deadline"):
-                await scorer.score(long_ones, long_types, want_pooled=False, deadline=started + budget)
+                await scorer.score(ModelInputs(long_ones, long_types), want_pooled=False, deadline=started + budget)
             outcomes.append(time.monotonic() - started)
         return outcomes
 
@@ -239,12 +245,12 @@ def test_dead_triton_fails_fast_and_the_same_client_recovers_after_restart(embed
     server = embedded_triton
 
     async def body(scorer):
-        before, _ = await scorer.score(ids, types, want_pooled=False, deadline=time.monotonic() + 60)
+        before = (await scorer.score(ModelInputs(ids, types), want_pooled=False, deadline=time.monotonic() + 60)).logits
         server.kill()
         try:
             started = time.monotonic()
             with pytest.raises(ScoringUnavailable):
-                await scorer.score(ids, types, want_pooled=False, deadline=time.monotonic() + 30)
+                await scorer.score(ModelInputs(ids, types), want_pooled=False, deadline=time.monotonic() + 30)
             failed_in = time.monotonic() - started
             started = time.monotonic()
             ready = await scorer.ready(timeout=5.0)
@@ -252,9 +258,9 @@ def test_dead_triton_fails_fast_and_the_same_client_recovers_after_restart(embed
         finally:
             ready_in = await asyncio.to_thread(server.restart, 120)
         started = time.monotonic()
-        await scorer.score(ids[:1], types[:1], want_pooled=False, deadline=time.monotonic() + 60)
+        await scorer.score(ModelInputs(ids[:1], types[:1]), want_pooled=False, deadline=time.monotonic() + 60)
         recovered_in = time.monotonic() - started
-        after, _ = await scorer.score(ids, types, want_pooled=False, deadline=time.monotonic() + 60)
+        after = (await scorer.score(ModelInputs(ids, types), want_pooled=False, deadline=time.monotonic() + 60)).logits
         return before, after, failed_in, ready, not_ready_in, ready_in, recovered_in
 
     before, after, failed_in, ready, not_ready_in, ready_in, recovered_in = asyncio.run(

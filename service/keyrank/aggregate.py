@@ -3,17 +3,19 @@
 ``max`` (MaxP), ``sum`` (SumP), ``mean`` (AvgP), ``single`` (FirstP, KeyB2: one
 sequence per document), and PARADE-Max / PARADE-Avg (Li et al., 2020): the
 element-wise max / mean of the windows' pooled [CLS] vectors, put through the
-cross-encoder's own classification head. Vectorised with ``reduceat`` over the
+cross-encoder's own classification head; ``trained``: a learned aggregator over the
+pooled vectors (PARADE-Attn / PARADE-Transformer, aggregators.py). Vectorised with ``reduceat`` over the
 sequences, which come grouped by document.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("single", "max", "sum", "mean", "parade-max", "parade-avg")
+METHODS = ("single", "max", "sum", "mean", "parade-max", "parade-avg", "trained")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ def aggregate(
     logits: np.ndarray,
     pooled: np.ndarray | None = None,
     head: ClassifierHead | None = None,
+    trained: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> Aggregated:
     """``doc_of`` [S] (non-decreasing, every document present) maps sequences to documents."""
     if method not in METHODS:
@@ -69,6 +72,10 @@ def aggregate(
         scores = np.add.reduceat(logits, firsts)
     elif method == "mean":
         scores = np.add.reduceat(logits, firsts) / counts
+    elif method == "trained":
+        if pooled is None or trained is None:
+            raise ValueError("'trained' aggregation needs the pooled vectors and a trained aggregator")
+        scores = trained(doc_of, np.asarray(pooled, dtype=np.float32))
     else:
         if pooled is None or head is None:
             raise ValueError(f"{method} needs the pooled vectors and the classifier head")

@@ -13,7 +13,6 @@ Python (``.py_func``), the reason numba is a dependency.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import time
@@ -23,9 +22,8 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from keyrank.config import get_settings
-from keyrank.reranker import Reranker
+from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.segment import _cheapest_cut, blocks, break_costs
-from keyrank.strategies import passage_budget
 
 CASES = (("firstp", None), ("maxp", None), ("avgp", None), ("parade-max", None), ("keyb2", "bm25"), ("keyb2", "dense"))
 
@@ -54,21 +52,14 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def preprocess(reranker: Reranker, query: str, docs: list[str], strategy: str, selector: str | None) -> int:
-    """The gateway's work before Triton, as in ``Reranker.arank``; returns the sequences built."""
-    q, encoded = reranker._tokenize(query, docs, None)
-    budget = passage_budget(len(q), reranker.settings.max_sequence_length)
-    pieces = reranker._segment(encoded, strategy, budget)
-    scores = []
-    if strategy == "keyb2":
-        scores, _ = asyncio.run(reranker._select(selector, query, q, encoded, pieces, deadline=time.monotonic() + 600))
-    passages = reranker._assemble(strategy, encoded, pieces, scores, budget)
-    return len(reranker._inputs(q, encoded, passages))
+def preprocess(pipeline: Pipeline, query: str, docs: list[str], strategy: str, selector: str | None) -> int:
+    """The gateway's work before the scorer: ``Pipeline.plan``, the code ``arank`` runs; returns the sequences built."""
+    return len(pipeline.plan(query, docs, RerankOptions(strategy=strategy, selector=selector)).inputs)
 
 
 def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: int) -> dict:
-    # The scorer is never called here: a placeholder address keeps Triton out of the measurement.
-    reranker = Reranker(get_settings().with_overrides(model_dir=model_dir, triton_url="127.0.0.1:9"))
+    # The scorer is never called here: only the CPU stages are measured.
+    pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
     query, docs = meeting_documents(datasets, n_docs, max_chars)
     raw = Tokenizer.from_file(str(model_dir / "gateway" / "tokenizer.json"))
     raw.no_truncation()
@@ -86,7 +77,7 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
     for strategy, selector in CASES:
         # dense: the warm-up fills the block-embedding cache, so this is the repeated-document case.
         name = strategy + (f"/{selector}" if selector else "") + (" (cached)" if selector == "dense" else "")
-        seconds = _median_seconds(lambda: preprocess(reranker, query, docs, strategy, selector), repeats)
+        seconds = _median_seconds(lambda: preprocess(pipeline, query, docs, strategy, selector), repeats)
         result["strategies"][name] = {
             "tokens_per_s": n_tokens / seconds,
             "ratio_to_raw": raw_s / seconds,
@@ -94,8 +85,8 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
         }
 
     # The segmentation DP alone: numba against the identical plain-Python function.
-    doc = reranker.tokenizer.encode_documents([docs[0]])[0]
-    costs = break_costs(doc, reranker._break_costs)
+    doc = pipeline.tokenizer.encode_documents([docs[0]])[0]
+    costs = break_costs(doc, pipeline.break_costs)
     numba_s = _median_seconds(lambda: _cheapest_cut(costs, 63, 1.0), repeats)
     python_s = _median_seconds(lambda: _cheapest_cut.py_func(costs, 63, 1.0), max(1, repeats // 2))
     assert np.array_equal(_cheapest_cut(costs, 63, 1.0), _cheapest_cut.py_func(costs, 63, 1.0))
@@ -104,7 +95,7 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
         "numba_ms": numba_s * 1000,
         "python_ms": python_s * 1000,
         "speedup": python_s / numba_s,
-        "blocks": len(blocks(doc, reranker._break_costs)),
+        "blocks": len(blocks(doc, pipeline.break_costs)),
     }
     return result
 

@@ -13,10 +13,13 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Strategy = Literal["firstp", "maxp", "sump", "avgp", "parade-max", "parade-avg", "keyb2"]
+from keyrank.strategies import STRATEGIES
+
+# The strategy registry (strategies/__init__.py) is the one list of names: this type, the API's enum and
+# the docs derive from it.
+Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 Selector = Literal["bm25", "dense", "cross", "hybrid"]
 
-STRATEGIES: tuple[str, ...] = Strategy.__args__  # type: ignore[attr-defined]
 SELECTORS: tuple[str, ...] = Selector.__args__  # type: ignore[attr-defined]
 
 
@@ -34,7 +37,7 @@ class Settings(BaseSettings):
     workers: int = Field(1, description="Uvicorn worker processes (each with its own Triton client).")
 
     # --- model input shape (papers) ----------------------------------------
-    max_sequence_length: int = Field(512, description="Cross-encoder input length, [CLS] q [SEP] p [SEP] included.")
+    max_sequence_length: int = Field(512, description="Longest model input, the template's frame included; the model's own limit caps it.")
     query_max_tokens: int = Field(32, description="Query tokens fed to the model (KeyB2/PARADE use 32); longer queries are cut.")
     keyb2_budget_tokens: int = Field(480, description="Document tokens of selected blocks (KeyB2); capped by what fits next to the query.")
     block_max_tokens: int = Field(63, description="CogLTX block size limit in tokens.")
@@ -83,9 +86,11 @@ class Settings(BaseSettings):
     default_selector: Selector = "bm25"
 
     # --- embedded Triton (keyrank serve without --triton-url) ---------------
-    embedded_http_port: int = Field(8000, description="Embedded Triton HTTP port (loopback only).")
-    embedded_grpc_port: int = Field(8001, description="Embedded Triton gRPC port (loopback only).")
-    embedded_metrics_port: int = Field(8002, description="Embedded Triton metrics port (loopback only).")
+    embedded_http_port: int = Field(0, description="Embedded Triton HTTP port (loopback only); 0 = a free port, a taken one fails at start.")
+    embedded_grpc_port: int = Field(0, description="Embedded Triton gRPC port (loopback only); 0 = a free port, a taken one fails at start.")
+    embedded_metrics_port: int = Field(0, description="Embedded Triton metrics port (loopback only); 0 = a free port, a taken one fails at start.")
+    embedded_max_repairs: int = Field(5, description="Model reloads / Triton restarts in a row (no stable 30 s between) before the supervisor gives up and `serve` exits non-zero.")
+    embedded_repair_backoff_s: float = Field(1.0, description="Wait before the 2nd repair in a row, doubling for each further one (capped at 30 s).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
 

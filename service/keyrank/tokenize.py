@@ -36,27 +36,26 @@ class Encoded:
 
 
 class TextTokenizer:
-    """The cross-encoder's tokenizer (HF ``tokenizers``), batched, offsets kept."""
+    """The cross-encoder's tokenizer (HF ``tokenizers``), batched, offsets kept.
 
-    def __init__(self, tokenizer: Tokenizer):
+    Special tokens typed into a query or a document are encoded as the plain text they are
+    (``encode_special_tokens``): ``a [SEP] b`` gives ``[``, ``sep``, ``]``, never the separator id.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, text_lead: str = "", special_ids: Sequence[int] = ()):
         self._tok = tokenizer
         self._tok.no_truncation()
         self._tok.no_padding()
-        self.cls_id = self._special_id("[CLS]", "<s>")
-        self.sep_id = self._special_id("[SEP]", "</s>")
-        self.pad_id = self._special_id("[PAD]", "<pad>")
+        self._tok.encode_special_tokens = True
+        self.text_lead = text_lead
+        """Prepended before encoding (the model's template), cut from the offsets again."""
+        self.special_ids = np.asarray(sorted(special_ids), dtype=np.int64)
+        """Ids no text may encode to (checked on every batch: a tokenizer that matched one is a bug, not input)."""
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
 
     @classmethod
-    def from_file(cls, path: str | Path) -> TextTokenizer:
-        return cls(Tokenizer.from_file(str(path)))
-
-    def _special_id(self, *names: str) -> int:
-        for name in names:
-            token_id = self._tok.token_to_id(name)
-            if token_id is not None:
-                return int(token_id)
-        raise ValueError(f"tokenizer has none of the special tokens {names}")
+    def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = ()) -> TextTokenizer:
+        return cls(Tokenizer.from_file(str(path)), text_lead=text_lead, special_ids=special_ids)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
@@ -70,13 +69,18 @@ class TextTokenizer:
 
     def encode_documents(self, texts: Sequence[str], max_tokens: int | None = None) -> list[Encoded]:
         """All texts in one batched call (the Rust side runs them in parallel)."""
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        lead = len(self.text_lead)
+        encodings = self._tok.encode_batch([self.text_lead + t for t in texts] if lead else list(texts), add_special_tokens=False)
         out = []
         for text, enc in zip(texts, encodings):
             ids = np.asarray(enc.ids, dtype=np.int64)
             offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
+            if lead:
+                offsets = np.maximum(offsets - lead, 0)
             truncated = max_tokens is not None and ids.shape[0] > max_tokens
             if truncated:
                 ids, offsets = ids[:max_tokens], offsets[:max_tokens]
             out.append(Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated))
+        if self.special_ids.size and any(np.isin(e.ids, self.special_ids).any() for e in out):
+            raise RuntimeError("the tokenizer produced a special token id from text: its added tokens must be special")
         return out

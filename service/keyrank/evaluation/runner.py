@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm.auto import tqdm
 
 from keyrank.evaluation.queries import EvalQuery
+from keyrank.pipeline import RerankOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +83,8 @@ async def rank_query(reranker, system: System, query: EvalQuery, *, timeout_s: f
     ids = [c.doc_id for c in query.candidates]
     started = time.perf_counter()
     try:
-        ranking = await reranker.arank(
-            query.query, [c.text for c in query.candidates], strategy=system.strategy,
-            selector=system.selector, top_n=len(ids), timeout_s=timeout_s,
-        )
+        options = RerankOptions(strategy=system.strategy, selector=system.selector, top_n=len(ids), timeout_s=timeout_s)
+        ranking = await reranker.arank(query.query, [c.text for c in query.candidates], options)
     except Exception as exc:  # noqa: BLE001 - any failure is a measured outcome of the service
         run.error = f"{type(exc).__name__}: {exc}"
         run.wall_ms = (time.perf_counter() - started) * 1e3

@@ -1,38 +1,79 @@
 """Stage 4: what the cross-encoder reads for each document, per strategy.
 
 A strategy turns a tokenized document (and, for keyb2, its scored blocks) into
-``Passage``s: token ranges of the document that are concatenated after the
-query. Pure functions over arrays: no I/O, no HTTP, no Triton.
+``Passage``s: token ranges of the document that the model's template puts
+after the query. Pure functions over arrays: no I/O, no HTTP, no Triton.
 
-| strategy    | passages per document              | aggregation          |
-|-------------|------------------------------------|----------------------|
-| firstp      | the first tokens that fit          | single               |
-| maxp / sump | sliding windows (stride = half)    | max / sum of scores  |
-| avgp        | disjoint chunks                    | mean of scores       |
-| parade-max  | sliding windows                    | max of pooled, head  |
-| parade-avg  | sliding windows                    | mean of pooled, head |
-| keyb2       | the selected blocks, one sequence  | single               |
+``REGISTRY`` is the one table of strategies: the config's ``Strategy`` type,
+the API's enum, the README's table and the pipeline's branches all read it,
+so adding a strategy is one row here (plus its cut or aggregation if new).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-from keyrank.tokenize import Encoded
+Cut = Literal["prefix", "sliding", "disjoint", "blocks"]
 
-# Strategy name -> aggregation name (aggregate.py).
-AGGREGATION = {
-    "firstp": "single",
-    "maxp": "max",
-    "sump": "sum",
-    "avgp": "mean",
-    "parade-max": "parade-max",
-    "parade-avg": "parade-avg",
-    "keyb2": "single",
+
+@dataclass(frozen=True, slots=True)
+class StrategySpec:
+    """One strategy: how it cuts a document, what it scores, how it folds the scores."""
+
+    name: str
+    """The API's name for it."""
+    cut: Cut
+    """``prefix``: the first tokens; ``sliding``: overlapping windows (stride = half by default);
+    ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2)."""
+    aggregation: str
+    """How sequence scores become a document score (aggregate.py ``METHODS``)."""
+    needs_selector: bool = False
+    """Blocks are scored by a selector (bm25, dense, hybrid, cross) before assembly."""
+    needs_pooled: bool = False
+    """The model must also return each sequence's pooled vector."""
+    trained_parts: tuple[str, ...] = ()
+    """Files under models/gateway/ that training writes and this strategy cannot run without."""
+    summary: str = ""
+    """What the cross-encoder reads and how the document is scored (docs and OpenAPI)."""
+
+    @property
+    def windowed(self) -> bool:
+        """Several sequences per document, each a window of it."""
+        return self.cut in ("sliding", "disjoint")
+
+
+REGISTRY: dict[str, StrategySpec] = {
+    spec.name: spec
+    for spec in (
+        StrategySpec("firstp", "prefix", "single", summary="the first document tokens that fit; its score"),
+        StrategySpec("maxp", "sliding", "max", summary="sliding windows; max of window scores"),
+        StrategySpec("sump", "sliding", "sum", summary="sliding windows; sum of window scores"),
+        StrategySpec("avgp", "disjoint", "mean", summary="disjoint chunks; mean of chunk scores"),
+        StrategySpec("parade-max", "sliding", "parade-max", needs_pooled=True,
+                     summary="sliding windows; classifier head on the element-wise max of pooled vectors"),
+        StrategySpec("parade-avg", "sliding", "parade-avg", needs_pooled=True,
+                     summary="sliding windows; classifier head on the mean pooled vector"),
+        StrategySpec("parade-attn", "sliding", "trained", needs_pooled=True, trained_parts=("parade-attn.onnx",),
+                     summary="sliding windows; trained attention over pooled vectors (PARADE-Attn)"),
+        StrategySpec("parade-transformer", "sliding", "trained", needs_pooled=True,
+                     trained_parts=("parade-transformer.onnx",),
+                     summary="sliding windows; trained transformer over pooled vectors (PARADE-Transformer)"),
+        StrategySpec("keyb2", "blocks", "single", needs_selector=True,
+                     summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence"),
+    )
 }
-WINDOWED = frozenset({"maxp", "sump", "avgp", "parade-max", "parade-avg"})
+STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get_spec(name: str) -> StrategySpec:
+    """The registry row; KeyError names the known strategies."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,19 +92,3 @@ class Passage:
     @property
     def n_tokens(self) -> int:
         return int((self.ends - self.starts).sum())
-
-
-def model_input(query: Encoded, doc: Encoded, passage: Passage, cls_id: int, sep_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[CLS] q [SEP] p [SEP]`` ids and token types (0 for the query part, 1 for the passage)."""
-    parts = [np.array([cls_id], dtype=np.int64), query.ids, np.array([sep_id], dtype=np.int64)]
-    parts += [doc.ids[s:e] for s, e in zip(passage.starts, passage.ends)]
-    parts.append(np.array([sep_id], dtype=np.int64))
-    ids = np.concatenate(parts)
-    types = np.zeros(ids.shape[0], dtype=np.int64)
-    types[len(query) + 2 :] = 1
-    return ids, types
-
-
-def passage_budget(query_tokens: int, max_sequence_length: int) -> int:
-    """Document tokens that fit next to the query: [CLS] q [SEP] p [SEP] <= max length."""
-    return max(1, max_sequence_length - query_tokens - 3)

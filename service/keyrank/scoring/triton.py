@@ -1,4 +1,4 @@
-"""Stage: score assembled sequences with the cross-encoder on Triton.
+"""The service's scorer: the cross-encoder on Triton Inference Server, over async gRPC.
 
 Triton's dynamic batcher only merges requests whose shapes match, so the
 sequences are padded to length buckets and sent as whole ``[N, L]`` tensors,
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -21,8 +20,15 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from tritonclient.utils import InferenceServerException
 
 from keyrank import metrics
-from keyrank.config import Settings, get_settings
 from keyrank.errors import ScoringUnavailable
+from keyrank.scoring import (
+    Batch,
+    ModelInputs,
+    Scores,
+    bucket_batches,
+    gather,
+    relevance,
+)
 
 
 def _channel_args(connect_timeout_s: float) -> list[tuple[str, Any]]:
@@ -57,59 +63,6 @@ class _Unreachable(ScoringUnavailable):
     """Triton refused or dropped the connection (as opposed to a deadline or a model error)."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    """One Triton request: rows of the caller's input, padded to one bucket length."""
-
-    rows: np.ndarray
-    """int64 [N] positions of these sequences in the caller's list."""
-    input_ids: np.ndarray
-    """int64 [N, L] token ids, pad id after each sequence."""
-    token_type_ids: np.ndarray
-    """int64 [N, L] segment ids, 0 on padding."""
-    attention_mask: np.ndarray
-    """int64 [N, L] 1 on the sequence, 0 on padding."""
-
-    @property
-    def bucket(self) -> str:
-        """The padded length, as the metrics label."""
-        return str(self.input_ids.shape[1])
-
-
-def bucket_batches(
-    input_ids: Sequence[np.ndarray],
-    token_type_ids: Sequence[np.ndarray],
-    *,
-    buckets: Sequence[int],
-    batch_size: int,
-    pad_id: int,
-) -> list[_Batch]:
-    """Group sequences by the smallest bucket that fits and cut each group into balanced batches."""
-    if len(input_ids) != len(token_type_ids):
-        raise ValueError(f"{len(input_ids)} input_ids but {len(token_type_ids)} token_type_ids")
-    edges = np.asarray(sorted(buckets), dtype=np.int64)
-    lengths = np.fromiter((len(ids) for ids in input_ids), dtype=np.int64, count=len(input_ids))
-    if lengths.size and (lengths.max() > edges[-1] or lengths.min() == 0):
-        raise ValueError(f"sequence lengths must be in 1..{edges[-1]}, got {lengths.min()}..{lengths.max()}")
-    which = np.searchsorted(edges, lengths, side="left")
-    batches: list[_Batch] = []
-    for b in np.unique(which):
-        members = np.flatnonzero(which == b)
-        width = int(edges[b])
-        # Balanced chunks (e.g. 17 + 16, not 32 + 1) so concurrent requests finish together.
-        for rows in np.array_split(members, -(-members.size // batch_size)):
-            ids = np.full((rows.size, width), pad_id, dtype=np.int64)
-            types = np.zeros((rows.size, width), dtype=np.int64)
-            mask = np.zeros((rows.size, width), dtype=np.int64)
-            for r, row in enumerate(rows):
-                n = lengths[row]
-                ids[r, :n] = input_ids[row]
-                types[r, :n] = token_type_ids[row]
-                mask[r, :n] = 1
-            batches.append(_Batch(rows, ids, types, mask))
-    return batches
-
-
 def _retrieve(task: asyncio.Future) -> None:
     """Mark a batch's failure as seen: only the first one is raised, the rest are its echoes."""
     if not task.cancelled():
@@ -123,25 +76,27 @@ class TritonScorer:
         self,
         url: str,
         *,
+        model: str,
         pad_id: int,
-        settings: Settings | None = None,
-        model: str | None = None,
+        buckets: Sequence[int] = (64, 128, 256, 384, 512),
+        batch_size: int = 32,
+        max_in_flight: int = 8,
+        probe_timeout_s: float = 1.0,
     ) -> None:
-        settings = settings or get_settings()
         self.url: str = url
         """host:port of Triton's gRPC endpoint."""
-        self.model: str = model or settings.triton_model
+        self.model: str = model
         """Model name in the Triton repository."""
         self.pad_id: int = pad_id
         """Token id written after each sequence up to its bucket length."""
-        self.buckets: tuple[int, ...] = tuple(sorted(settings.length_buckets))
+        self.buckets: tuple[int, ...] = tuple(sorted(buckets))
         """Padded lengths; a sequence goes to the smallest that fits."""
-        self.batch_size: int = settings.triton_batch_size
+        self.batch_size: int = batch_size
         """Most sequences in one Triton request."""
-        self.max_in_flight: int = settings.triton_max_in_flight
+        self.max_in_flight: int = max_in_flight
         """Most Triton requests in flight from this process, over all callers."""
-        self.probe_timeout_s: float = settings.triton_connect_timeout_s
-        """Default timeout of ``ready``."""
+        self.probe_timeout_s: float = probe_timeout_s
+        """Connect timeout of the channel and default timeout of ``ready``."""
         # gRPC aio channels and asyncio semaphores belong to the loop that made them: both are made
         # lazily on first use inside the running loop (the FastAPI app's), and remade if the loop changes.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -159,25 +114,16 @@ class TritonScorer:
         assert self._in_flight is not None
         return self._client, self._in_flight
 
-    async def score(
-        self,
-        input_ids: Sequence[np.ndarray],
-        token_type_ids: Sequence[np.ndarray],
-        *,
-        want_pooled: bool,
-        deadline: float,
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Logits [n] (and pooled vectors [n, H] if asked) for full ``[CLS] q [SEP] p [SEP]`` sequences.
+    async def score(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float) -> Scores:
+        """Logits [n] (and pooled vectors [n, H] if asked) of sequences framed by the model's template.
 
         ``deadline`` is a ``time.monotonic()`` instant; past it, or with Triton down, raises
         ``ScoringUnavailable`` and cancels whatever is still in flight.
         """
-        n = len(input_ids)
-        batches = bucket_batches(
-            input_ids, token_type_ids, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id
-        )
+        n = len(inputs)
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id)
         if n == 0:
-            return np.zeros(0, dtype=np.float32), (np.zeros((0, 0), dtype=np.float32) if want_pooled else None)
+            return gather(0, [], [], want_pooled)
         if deadline - time.monotonic() <= 0:
             metrics.TRITON_ERRORS.labels(kind="deadline").inc()
             raise ScoringUnavailable("request deadline passed before scoring")
@@ -189,18 +135,10 @@ class TritonScorer:
             if not await self._reconnected(deadline):
                 raise
             results = await self._send(batches, want_pooled, deadline)
-        logits = np.empty(n, dtype=np.float32)
-        pooled: np.ndarray | None = None
-        for batch, (batch_logits, batch_pooled) in zip(batches, results):
-            logits[batch.rows] = batch_logits
-            if want_pooled:
-                if pooled is None:
-                    pooled = np.empty((n, batch_pooled.shape[1]), dtype=np.float32)
-                pooled[batch.rows] = batch_pooled
-        return logits, pooled
+        return gather(n, batches, results, want_pooled)
 
     async def _send(
-        self, batches: list[_Batch], want_pooled: bool, deadline: float
+        self, batches: list[Batch], want_pooled: bool, deadline: float
     ) -> list[tuple[np.ndarray, np.ndarray | None]]:
         """All batches concurrently (bounded by the process-wide slots); the first failure cancels the rest."""
         client, in_flight = self._connection()
@@ -239,16 +177,12 @@ class TritonScorer:
         self,
         client: triton_aio.InferenceServerClient,
         in_flight: asyncio.Semaphore,
-        batch: _Batch,
+        batch: Batch,
         want_pooled: bool,
         deadline: float,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         inputs = []
-        for name, array in (
-            ("input_ids", batch.input_ids),
-            ("attention_mask", batch.attention_mask),
-            ("token_type_ids", batch.token_type_ids),
-        ):
+        for name, array in batch.feeds().items():
             tensor = InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
@@ -276,8 +210,7 @@ class TritonScorer:
                 raise _Unreachable(f"Triton unreachable: {exc}") from exc
             metrics.TRITON_RTT.labels(bucket=batch.bucket).observe(time.perf_counter() - t0)
         metrics.TRITON_BATCH_SIZE.labels(bucket=batch.bucket).observe(batch.rows.size)
-        # Single-label rerankers: logits is [N, 1], the relevance score is its only column.
-        logits = result.as_numpy("logits").reshape(batch.rows.size, -1)[:, 0]
+        logits = relevance(result.as_numpy("logits"), batch.rows.size)
         return logits, (result.as_numpy("pooled") if want_pooled else None)
 
     async def ready(self, timeout: float | None = None) -> bool:

@@ -1,0 +1,140 @@
+"""Stage 5: score assembled sequences with the cross-encoder, behind one interface.
+
+``Scorer`` is what the pipeline needs of a model: ``score`` whole sequences
+(the template's ids and token types), ``ready``, ``close``. Implementations:
+
+- ``TritonScorer`` (scoring/triton.py): async gRPC to Triton, the service default;
+- ``LocalScorer`` (scoring/local.py): the same ``model.onnx`` in-process with ONNX
+  Runtime, for notebooks, tests and small CPU deployments (``Reranker.local``).
+
+Decoder (yes/no) rerankers need nothing more: their export already answers
+``logits`` = logit(yes) - logit(no) of the last real token of right-padded rows.
+Both pad to length buckets: Triton's dynamic batcher only merges equal shapes,
+and ONNX Runtime runs faster on a few fixed shapes than on every length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInputs:
+    """Sequences to score, each already framed by the model's template."""
+
+    ids: list[np.ndarray]
+    """int64 [n_i] token ids of each sequence."""
+    types: list[np.ndarray]
+    """int64 [n_i] token types of each sequence (zeros for models without them)."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens sent, frame included, padding excluded."""
+        return sum(int(ids.shape[0]) for ids in self.ids)
+
+    def __add__(self, other: ModelInputs) -> ModelInputs:
+        return ModelInputs(self.ids + other.ids, self.types + other.types)
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """What the model answered for each sequence, in input order."""
+
+    logits: np.ndarray
+    """float32 [n] relevance logits."""
+    pooled: np.ndarray | None = None
+    """float32 [n, H] the vectors the classification head reads (when asked for, for PARADE)."""
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """A cross-encoder the pipeline can score on."""
+
+    async def score(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float) -> Scores:
+        """Scores of every sequence; past ``deadline`` (``time.monotonic()``) or with the model
+        unreachable raises ``ScoringUnavailable``."""
+        ...
+
+    async def ready(self, timeout: float) -> bool:
+        """The model answers (within ``timeout`` seconds)."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections or sessions (idempotent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One model call: rows of the caller's input, padded to one bucket length."""
+
+    rows: np.ndarray
+    """int64 [N] positions of these sequences in the caller's list."""
+    input_ids: np.ndarray
+    """int64 [N, L] token ids, pad id after each sequence."""
+    token_type_ids: np.ndarray
+    """int64 [N, L] segment ids, 0 on padding."""
+    attention_mask: np.ndarray
+    """int64 [N, L] 1 on the sequence, 0 on padding."""
+
+    @property
+    def bucket(self) -> str:
+        """The padded length, as the metrics label."""
+        return str(self.input_ids.shape[1])
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+
+
+def bucket_batches(inputs: ModelInputs, *, buckets: Sequence[int], batch_size: int, pad_id: int) -> list[Batch]:
+    """Group sequences by the smallest bucket that fits and cut each group into balanced batches."""
+    if len(inputs.ids) != len(inputs.types):
+        raise ValueError(f"{len(inputs.ids)} input_ids but {len(inputs.types)} token_type_ids")
+    edges = np.asarray(sorted(buckets), dtype=np.int64)
+    lengths = np.fromiter((len(ids) for ids in inputs.ids), dtype=np.int64, count=len(inputs.ids))
+    if lengths.size and (lengths.max() > edges[-1] or lengths.min() == 0):
+        raise ValueError(f"sequence lengths must be in 1..{edges[-1]}, got {lengths.min()}..{lengths.max()}")
+    which = np.searchsorted(edges, lengths, side="left")
+    batches: list[Batch] = []
+    for b in np.unique(which):
+        members = np.flatnonzero(which == b)
+        width = int(edges[b])
+        # Balanced chunks (e.g. 17 + 16, not 32 + 1) so concurrent requests finish together.
+        for rows in np.array_split(members, -(-members.size // batch_size)):
+            ids = np.full((rows.size, width), pad_id, dtype=np.int64)
+            types = np.zeros((rows.size, width), dtype=np.int64)
+            mask = np.zeros((rows.size, width), dtype=np.int64)
+            for r, row in enumerate(rows):
+                n = lengths[row]
+                ids[r, :n] = inputs.ids[row]
+                types[r, :n] = inputs.types[row]
+                mask[r, :n] = 1
+            batches.append(Batch(rows, ids, types, mask))
+    return batches
+
+
+def gather(n: int, batches: Sequence[Batch], results: Sequence[tuple[np.ndarray, np.ndarray | None]], want_pooled: bool) -> Scores:
+    """Put each batch's answers back at its rows."""
+    logits = np.empty(n, dtype=np.float32)
+    pooled: np.ndarray | None = None
+    for batch, (batch_logits, batch_pooled) in zip(batches, results):
+        logits[batch.rows] = batch_logits
+        if want_pooled and batch_pooled is not None:
+            if pooled is None:
+                pooled = np.empty((n, batch_pooled.shape[1]), dtype=np.float32)
+            pooled[batch.rows] = batch_pooled
+    if want_pooled and pooled is None:
+        pooled = np.zeros((n, 0), dtype=np.float32)
+    return Scores(logits, pooled)
+
+
+def relevance(logits: np.ndarray, rows: int) -> np.ndarray:
+    """Single-label rerankers answer [N, 1]: the relevance score is its last (only) column."""
+    return np.asarray(logits).reshape(rows, -1)[:, -1]
