@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -37,19 +38,28 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def execute(self, requests: list) -> list:
-        feeds = [
-            {name: pb_utils.get_input_tensor_by_name(request, name).as_numpy() for name in self.input_names}
-            for request in requests
-        ]
+        responses: list = [None] * len(requests)
+        # A request whose client cancelled it (the gateway does when its caller hangs up) is not run.
+        live = []
+        for index, request in enumerate(requests):
+            if request.is_cancelled():
+                responses[index] = pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
+                )
+            else:
+                live.append(index)
+        feeds = {
+            index: {name: pb_utils.get_input_tensor_by_name(requests[index], name).as_numpy() for name in self.input_names}
+            for index in live
+        }
         groups: dict[tuple, list[int]] = {}
-        for index, feed in enumerate(feeds):
+        for index, feed in feeds.items():
             groups.setdefault(tuple(feed[name].shape[1:] for name in self.input_names), []).append(index)
 
-        responses: list = [None] * len(requests)
         for members in groups.values():
             try:
                 batch = {name: np.concatenate([feeds[i][name] for i in members]) for name in self.input_names}
-                outputs = self.session.run(self.output_names, batch)
+                outputs = _run_unless_cancelled(self.session, self.output_names, batch, [requests[i] for i in members])
                 bounds = np.cumsum([feeds[i][self.input_names[0]].shape[0] for i in members])[:-1]
                 parts = [np.split(output.astype(np.float32, copy=False), bounds) for output in outputs]
                 for position, index in enumerate(members):
@@ -67,6 +77,31 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         self.session = None
+
+
+_CANCEL_POLL_S = 0.05
+"""How often a running batch asks whether all its requests were cancelled."""
+
+
+def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list) -> list:
+    """``session.run``, terminated early when every request of the batch has been cancelled
+    (ONNX Runtime's RunOptions.terminate, set from a watcher thread)."""
+    options = ort.RunOptions()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(_CANCEL_POLL_S):
+            if all(request.is_cancelled() for request in requests):
+                options.terminate = True
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        return session.run(output_names, batch, options)
+    finally:
+        done.set()
+        watcher.join()
 
 
 def _threads(config: dict) -> int:
