@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -17,9 +17,7 @@ from keyrank.api.probes import router as probes
 from keyrank.api.routes.compat import router as compat_routes
 from keyrank.api.routes.native import router as native_routes
 from keyrank.config import Settings, get_settings
-
-if TYPE_CHECKING:
-    from keyrank.reranker import Reranker
+from keyrank.reranker import Reranker
 
 SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on a Triton cross-encoder."
 
@@ -34,8 +32,6 @@ def create_app(settings: Settings | None = None, reranker: Reranker | None = Non
         if reranker is not None:
             yield
             return
-        from keyrank.reranker import Reranker  # the pipeline's imports stay out of `import keyrank.api`
-
         app.state.reranker = Reranker(settings)
         try:
             yield

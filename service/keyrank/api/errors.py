@@ -19,9 +19,16 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from keyrank import metrics
-from keyrank.errors import ClientClosed, InvalidRequest, LimitExceeded, Overloaded, ScoringUnavailable
+from keyrank.errors import (
+    ClientClosed,
+    InvalidRequest,
+    LimitExceeded,
+    Overloaded,
+    ScoringUnavailable,
+)
 from keyrank.schemas import CohereErrorResponse, ErrorResponse, V1ErrorResponse
 
 log = logging.getLogger("keyrank.api")
@@ -104,7 +111,7 @@ async def _parse_position(request: Request, loc: Sequence[Any]) -> str:
         return ""
     try:
         text = (await request.body()).decode("utf-8", errors="replace")[:offset]
-    except Exception:  # the body stream is gone: the offset alone still helps
+    except (RuntimeError, ClientDisconnect):  # the body stream is gone: the offset alone still helps
         return f" at character {offset}"
     line = text.count("\n") + 1
     return f" at line {line}, column {offset - (text.rfind(chr(10)) + 1) + 1}"

@@ -31,7 +31,7 @@ async def readyz(request: Request) -> Response:
     try:
         # The probe itself must not hang on a dead Triton: bounded by the connect timeout.
         ready = reranker is not None and await asyncio.wait_for(reranker.ready(), settings.triton_connect_timeout_s)
-    except Exception as exc:  # timeout, connection refused, ...: all mean "not ready"
+    except Exception as exc:  # noqa: BLE001 -- timeout, connection refused, ...: all mean "not ready"
         log.info("readiness probe failed: %r", exc)
         ready = False
     if ready:

@@ -28,7 +28,12 @@ from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, sigmoid, timing_header
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
-from keyrank.schemas import CohereRerankRequest, CohereRerankResponse, V1RerankRequest, V1RerankResponse
+from keyrank.schemas import (
+    CohereRerankRequest,
+    CohereRerankResponse,
+    V1RerankRequest,
+    V1RerankResponse,
+)
 
 if TYPE_CHECKING:
     from keyrank.reranker import Ranking

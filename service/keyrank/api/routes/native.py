@@ -12,7 +12,15 @@ from keyrank.api.errors import NATIVE_ERRORS
 from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, timing_header
 from keyrank.reranker import RerankOptions
-from keyrank.schemas import DocumentOut, EvidenceOut, RerankRequest, RerankResponse, RerankResult, TimingsOut, UsageOut
+from keyrank.schemas import (
+    DocumentOut,
+    EvidenceOut,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    TimingsOut,
+    UsageOut,
+)
 
 if TYPE_CHECKING:
     from keyrank.reranker import RankedDocument
