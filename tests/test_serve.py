@@ -58,14 +58,8 @@ def _wait_ready(url: str, timeout: float = 90.0) -> None:
 @pytest.fixture()
 def serve(prepared_models: Path):
     port = _free_port()
-    env = {
-        **os.environ,
-        "KEYRANK_MODEL_DIR": str(prepared_models),
-        "KEYRANK_PORT": str(port),
-        "KEYRANK_EMBEDDED_HTTP_PORT": str(_free_port()),
-        "KEYRANK_EMBEDDED_GRPC_PORT": str(_free_port()),
-        "KEYRANK_EMBEDDED_METRICS_PORT": str(_free_port()),
-    }
+    # No embedded ports given: the defaults are free ones.
+    env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(port)}
     proc = subprocess.Popen([sys.executable, "-m", "keyrank.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -97,13 +91,35 @@ def test_a_stop_signal_stops_gateway_and_triton_leaving_no_process(serve, sig):
     assert not [p for p in tree if _alive(p)]
 
 
-def test_serve_restarts_an_embedded_triton_that_dies(serve):
-    proc, url = serve
-    (triton, *_) = _triton_tree(proc.pid)
-    os.kill(triton, signal.SIGKILL)
-    t0 = time.monotonic()
-    assert httpx.get(f"{url}/readyz", timeout=5).status_code == 503
-    _wait_ready(url, timeout=60)
-    assert _triton_tree(proc.pid)[0] != triton
-    assert httpx.post(f"{url}/rerank", json={"query": "cheese", "documents": ["milk makes cheese", "cars"]}).status_code == 200
-    assert time.monotonic() - t0 < 60
+def test_serve_prints_one_line_per_phase(serve):
+    proc, _ = serve
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=30)
+    phases = [line for line in output.splitlines() if line.startswith("keyrank serve: ")]
+    assert [line.split(":")[1].split()[0] for line in phases] == ["starting", "embedded", "gateway"], phases
+
+
+def test_a_taken_embedded_port_fails_at_once_naming_the_setting(prepared_models):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(_free_port()),
+               "KEYRANK_EMBEDDED_GRPC_PORT": str(taken)}
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "keyrank.cli", "serve"], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1
+    assert f"port {taken} (KEYRANK_EMBEDDED_GRPC_PORT) is taken by another process" in out.stderr
+    assert "Traceback" not in out.stderr
+    assert time.monotonic() - t0 < 30  # no Triton was started, let alone restarted
+
+
+def test_a_wrong_model_folder_says_where_it_looked_and_where_the_models_are(prepared_models, tmp_path):
+    env = {**os.environ, "KEYRANK_MODEL_DIR": "models", "KEYRANK_PORT": str(_free_port())}
+    out = subprocess.run([sys.executable, "-m", "keyrank.cli", "serve"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1
+    assert str(tmp_path / "models" / "triton-embedded" / "cross_encoder" / "config.pbtxt") in out.stderr
+    if Path(prepared_models).resolve() == (Path(__file__).resolve().parents[1] / "models"):
+        assert f"prepared models exist at {Path(prepared_models).resolve()}" in out.stderr
+        assert "keyrank prepare" not in out.stderr

@@ -6,16 +6,41 @@ import argparse
 import sys
 from pathlib import Path
 
-from keyrank.config import get_settings
+from keyrank.config import Settings, get_settings
 
+_SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers")
 
 
 def _serve(args: argparse.Namespace) -> int:
     from keyrank.launcher import serve
 
-    overrides = {k: v for k, v in vars(args).items() if k in ("triton_url", "host", "port", "model_dir", "workers") and v is not None}
-    serve(get_settings().with_overrides(**overrides))
-    return 0
+    overrides = {k: v for k, v in vars(args).items() if k in _SERVE_OPTIONS}
+    return serve(get_settings().with_overrides(**overrides))
+
+
+def _serve_parser(commands: argparse._SubParsersAction, settings: Settings) -> None:
+    """Defaults shown are the effective ones: the KEYRANK_* environment over the built-in defaults."""
+    serve = commands.add_parser(
+        "serve",
+        help="run the gateway (and an embedded CPU Triton unless --triton-url)",
+        description="Run the HTTP gateway. Without --triton-url it starts and supervises an embedded CPU Triton "
+        "(the nvidia-pytriton wheel's tritonserver) on free loopback ports. Every option can also be set "
+        "as an environment variable KEYRANK_<NAME>; all other settings are listed in service/keyrank/config.py.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    serve.add_argument(
+        "--triton-url", default=argparse.SUPPRESS if settings.triton_url is None else settings.triton_url,
+        help="host:port of an external Triton's gRPC endpoint (KEYRANK_TRITON_URL); "
+        + ("unset: start an embedded CPU Triton" if settings.triton_url is None else "default"),
+    )
+    serve.add_argument("--host", default=settings.host, help="address the gateway binds (KEYRANK_HOST)")
+    serve.add_argument("--port", type=int, default=settings.port, help="port of the gateway (KEYRANK_PORT)")
+    serve.add_argument(
+        "--model-dir", type=Path, default=settings.model_dir,
+        help="output of `keyrank prepare` (triton-embedded/, gateway/); relative to the current folder (KEYRANK_MODEL_DIR)",
+    )
+    serve.add_argument("--workers", type=int, default=settings.workers, help="uvicorn worker processes (KEYRANK_WORKERS)")
+    serve.set_defaults(run=_serve)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,15 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     commands.add_parser("prepare", help="export a cross-encoder (+ bi-encoder) to ONNX and write the Triton repositories", add_help=False)
-
-    serve = commands.add_parser("serve", help="run the gateway (and an embedded CPU Triton unless --triton-url)")
-    serve.add_argument("--triton-url", help="host:port of an external Triton's gRPC endpoint")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--model-dir", type=Path)
-    serve.add_argument("--workers", type=int)
-    serve.set_defaults(run=_serve)
-
+    _serve_parser(commands, get_settings())
     commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
 

@@ -1,10 +1,12 @@
 """`keyrank serve`: the gateway (uvicorn) and, unless told of an external one, an embedded Triton.
 
 The embedded Triton is the tritonserver binary of the nvidia-pytriton wheel on
-the generated CPU repository (models/triton-embedded). It is supervised: if it
-dies it is restarted, and the gateway answers 503 meanwhile. SIGTERM / Ctrl-C
-stop uvicorn first (draining in-flight requests), then Triton; Triton is also
-tied to this process's life, so nothing is left behind.
+the generated CPU repository (models/triton-embedded), on free loopback ports.
+It supervises itself (supervision.py): a dead model process is unloaded and
+loaded again, a dead server restarted, and the gateway answers 503 meanwhile;
+past a bounded number of repairs `serve` stops and exits non-zero, saying why.
+SIGTERM / Ctrl-C stop uvicorn first (draining in-flight requests), then Triton;
+Triton is also tied to this process's life, so nothing is left behind.
 """
 
 from __future__ import annotations
@@ -12,35 +14,27 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
+import sys
 
 import uvicorn
 
 from keyrank.config import Settings
+from keyrank.errors import KeyrankError
 from keyrank.triton_server import EmbeddedTriton
 
 log = logging.getLogger("keyrank.launcher")
 
 
-class _Supervisor(threading.Thread):
-    """Restarts the embedded Triton if it exits while the gateway runs."""
+class _GiveUp:
+    """Set by the supervisor when it gives up; stops the gateway through the usual SIGTERM path."""
 
-    def __init__(self, triton: EmbeddedTriton, interval_s: float = 2.0):
-        super().__init__(name="triton-supervisor", daemon=True)
-        self.triton = triton
-        self.interval_s = interval_s
-        self.stopping = threading.Event()
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        """What the supervisor said when it gave up."""
 
-    def run(self) -> None:
-        while not self.stopping.wait(self.interval_s):
-            if self.triton.is_running():
-                continue
-            log.error("embedded Triton exited; restarting it (log: %s)", self.triton.log_path)
-            try:
-                self.triton.restart()
-                log.info("embedded Triton is back at %s", self.triton.grpc_url)
-            except Exception:  # keep supervising: the next tick tries again
-                log.exception("embedded Triton failed to restart")
+    def __call__(self, reason: str) -> None:
+        self.reason = reason
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -49,22 +43,28 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def serve(settings: Settings) -> None:
-    """Run until SIGTERM / Ctrl-C."""
+def _phase(message: str) -> None:
+    print(f"keyrank serve: {message}", flush=True)
+
+
+def serve(settings: Settings) -> int:
+    """Run until SIGTERM / Ctrl-C (0), or until the embedded Triton cannot be kept serving (1)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _exit_cleanly)
     triton: EmbeddedTriton | None = None
-    supervisor: _Supervisor | None = None
+    gave_up = _GiveUp()
     try:
         if not settings.triton_url:
-            triton = EmbeddedTriton(settings=settings).start()
-            log.info("starting embedded Triton (CPU) on %s, log %s", triton.grpc_url, triton.log_path)
-            waited = triton.wait_ready(settings.embedded_ready_timeout_s)
-            log.info("embedded Triton ready in %.1f s", waited)
+            try:
+                triton = EmbeddedTriton(settings=settings, on_give_up=gave_up)
+                _phase(f"starting embedded Triton (CPU) on {triton.grpc_url}, log {triton.log_path}")
+                waited = triton.start().wait_ready(settings.embedded_ready_timeout_s)
+            except KeyrankError as exc:
+                print(f"keyrank serve: cannot start the embedded Triton: {exc}", file=sys.stderr, flush=True)
+                return 1
+            _phase(f"embedded Triton {triton.server_id} ready in {waited:.1f} s (supervised)")
             settings = settings.with_overrides(triton_url=triton.grpc_url)
-            supervisor = _Supervisor(triton)
-            supervisor.start()
-        print(f"keyrank serving on http://{settings.host}:{settings.port}  (docs: /docs, Triton: {settings.triton_url})", flush=True)
+        _phase(f"gateway on http://{settings.host}:{settings.port}  (docs: /docs, Triton: {settings.triton_url})")
         if settings.workers > 1:
             # Workers are separate processes: they read their settings from the environment.
             os.environ["KEYRANK_TRITON_URL"] = str(settings.triton_url)
@@ -82,9 +82,14 @@ def serve(settings: Settings) -> None:
             uvicorn.Server(config).run()
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained; fall through to stop Triton
         pass
+    except SystemExit as exc:  # our SIGTERM handler; anything else is re-raised
+        if exc.code not in (0, None):
+            raise
     finally:
-        if supervisor is not None:
-            supervisor.stopping.set()
         if triton is not None:
             log.info("stopping embedded Triton")
-            triton.stop()
+            triton.close()
+    if gave_up.reason is not None:
+        print(f"keyrank serve: stopped: {gave_up.reason}", file=sys.stderr, flush=True)
+        return 1
+    return 0

@@ -3,93 +3,58 @@
 ``models/triton-embedded`` repository (Python backend running model.onnx with
 ONNX Runtime).
 
-It listens on loopback only and never outlives the gateway: it gets its own
-process group (the Python backend stubs are its children, so one ``killpg``
-reaches them all) and ``PR_SET_PDEATHSIG`` so the kernel kills it if we die.
+It listens on loopback only, on free ports unless told otherwise, and never
+outlives the gateway: it gets its own process group (the Python backend stubs
+are its children, so one ``killpg`` reaches them all) and ``PR_SET_PDEATHSIG``
+so the kernel kills it if we die. Each server gets a random ``--id`` that the
+ready probe checks, so another process on the same port is never mistaken for
+ours, and a random admin key: without it only health, metadata and inference
+answer (Triton's restricted-API options). Models are loaded explicitly, so the
+supervisor (supervision.py, on by default) can unload and reload a model whose
+stub died.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import re
+import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from keyrank.config import Settings, get_settings
-from keyrank.errors import KeyrankError, ModelAssetsMissing
+from keyrank.errors import ModelAssetsMissing
+from keyrank.supervision import Supervisor, TritonAdmin
+from keyrank.triton_setup import (
+    PORT_SETTINGS,
+    EmbeddedTritonError,
+    PytritonWheel,
+    check_port_free,
+    die_with_parent,
+    free_ports,
+    missing_model_message,
+)
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["ADMIN_HEADER", "EmbeddedTriton", "EmbeddedTritonError"]
+
 _POLL_S = 0.1
 _LOG_TAIL_BYTES = 256 * 1024
 _LOG_ERROR_LINES = 10
 _LOG_TAIL_LINES = 15
-
-
-class EmbeddedTritonError(KeyrankError):
-    """The embedded Triton cannot be found, started, or made ready."""
-
-
-class _PytritonWheel:
-    """Where the nvidia-pytriton wheel keeps the server and the Python backend."""
-
-    def __init__(self) -> None:
-        try:
-            import pytriton
-        except ImportError as exc:
-            raise EmbeddedTritonError(
-                "the embedded Triton needs the nvidia-pytriton wheel: pip install keyrank[embedded]"
-            ) from exc
-        root = Path(pytriton.__file__).parent / "tritonserver"
-        major_minor = f"{sys.version_info.major}.{sys.version_info.minor}"
-        self.binary: Path = root / "bin" / "tritonserver"
-        """The tritonserver executable."""
-        self.python_backend: Path = root / "backends" / "python"
-        """libtriton_python.so and triton_python_backend_utils.py."""
-        self.stub: Path = root / "python_backend_stubs" / major_minor / "triton_python_backend_stub"
-        """The backend stub linked against this interpreter's libpython."""
-        self.libs: Path = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-        """Shared libraries the binary was repaired against (auditwheel)."""
-        for path in (self.binary, self.python_backend / "libtriton_python.so", self.stub):
-            if not path.exists():
-                raise EmbeddedTritonError(
-                    f"nvidia-pytriton is installed but {path} is missing "
-                    f"(no stub for Python {major_minor}?): pip install --force-reinstall keyrank[embedded]"
-                )
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports nobody listens on right now (the usual small race is accepted)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for sock in sockets:  # all held open together, so the kernel cannot hand out one twice
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-# Resolved in the parent: between fork and exec the child may only make a plain call, since
-# another thread (gRPC's, uvicorn's) may hold the loader's lock at the moment of the fork.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the spawning thread dies."""
-    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+ADMIN_HEADER = "keyrank-admin"
+"""Header (HTTP) / metadata key (gRPC) carrying the embedded server's admin key."""
+# Everything but health, metadata and inference needs the admin key.
+RESTRICTED_APIS = "shared-memory,model-config,model-repository,statistics,trace,logging"
 
 
 class EmbeddedTriton:
@@ -104,6 +69,8 @@ class EmbeddedTriton:
         grpc_port: int | None = None,
         metrics_port: int | None = None,
         work_dir: Path | None = None,
+        supervise: bool = True,
+        on_give_up: Callable[[str], None] | None = None,
     ) -> None:
         settings = settings or get_settings()
         self.settings: Settings = settings
@@ -113,6 +80,7 @@ class EmbeddedTriton:
         self.model: str = settings.triton_model
         """The model whose readiness ``wait_ready`` waits for."""
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
+        # 0 / unset = a free port; a configured one must be free now.
         wanted = [
             explicit if explicit is not None else configured
             for explicit, configured in (
@@ -121,8 +89,12 @@ class EmbeddedTriton:
                 (metrics_port, settings.embedded_metrics_port),
             )
         ]
-        free = iter(_free_ports(sum(1 for port in wanted if not port)))
+        for port, setting in zip(wanted, PORT_SETTINGS):
+            if port:
+                check_port_free(port, setting)
+        free = iter(free_ports(sum(1 for port in wanted if not port)))
         ports = [port or next(free) for port in wanted]
+        self._port_settings = {port: setting for port, setting in zip(ports, PORT_SETTINGS)}
         self.http_port: int = ports[0]
         """Loopback HTTP port (health probes)."""
         self.grpc_port: int = ports[1]
@@ -137,6 +109,25 @@ class EmbeddedTriton:
         # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
         # killed server leaves behind can be removed.
         self._shm_prefix = f"keyrank_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.server_id: str = f"keyrank-{os.getpid()}-{secrets.token_hex(6)}"
+        """``--id`` of the server, reported by GET /v2: the ready probe checks it is ours."""
+        self.admin_key: str = secrets.token_urlsafe(24)
+        """Unlocks the restricted APIs (header ``keyrank-admin``); never leaves this process."""
+        self.admin: TritonAdmin = TritonAdmin(self.http_url, (ADMIN_HEADER, self.admin_key))
+        """HTTP health, identity, repository control and probe inference."""
+        self.lifecycle: threading.RLock = threading.RLock()
+        """Held while the server is started, stopped or repaired (by a caller or the supervisor)."""
+        self.wanted: bool = False
+        """Started and not stopped on purpose: the supervisor repairs only what is wanted."""
+        self.serving: bool = False
+        """Became ready since its last (re)start; a crash does not clear it, a stop does."""
+        self.returncode: int | None = None
+        """Exit code of the last server process, once it has exited."""
+        self._reload_config: dict | None = None
+        self._supervise = supervise
+        self._on_give_up = on_give_up
+        self.supervisor: Supervisor | None = None
+        """The thread that keeps the model path serving (None when not supervised)."""
         self._proc: subprocess.Popen | None = None
         self._reaper: threading.Thread | None = None
         # A gateway that exits without close() still stops its server and removes the private dir.
@@ -162,24 +153,14 @@ class EmbeddedTriton:
     def is_running(self) -> bool:
         return self.pid is not None
 
+    @property
+    def failure(self) -> str | None:
+        """Why supervision gave up, if it did."""
+        return None if self.supervisor is None else self.supervisor.failure
+
     # --- lifecycle -----------------------------------------------------------
 
-    def _backend_dir(self, wheel: _PytritonWheel) -> Path:
-        """backends/python/ with the backend library, its utils and the stub for this Python."""
-        python_dir = self.work_dir / "backends" / "python"
-        python_dir.mkdir(parents=True, exist_ok=True)
-        sources = [
-            wheel.python_backend / "libtriton_python.so",
-            wheel.python_backend / "triton_python_backend_utils.py",
-            wheel.stub,
-        ]
-        for src in sources:
-            dst = python_dir / src.name
-            if not dst.exists():
-                dst.symlink_to(src)
-        return python_dir.parent
-
-    def _command(self, wheel: _PytritonWheel, backends: Path) -> list[str]:
+    def _command(self, wheel: PytritonWheel, backends: Path) -> list[str]:
         return [
             str(wheel.binary),
             f"--model-repository={self.repository}",
@@ -194,33 +175,46 @@ class EmbeddedTriton:
             "--allow-gpu-metrics=false",
             "--exit-on-error=true",
             "--strict-readiness=true",
+            # config.pbtxt is complete; auto-completion spawns a throwaway stub, seconds per (re)load.
+            "--disable-auto-complete-config",
+            f"--id={self.server_id}",
+            # Explicit control: the supervisor can unload a model whose stub died (readiness 503 at
+            # once) and load it again; only our model is loaded, and only with the admin key.
+            "--model-control-mode=explicit",
+            f"--load-model={self.model}",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",
             # A stop should not wait 30 s (the default) for in-flight requests of a dying gateway.
             "--exit-timeout-secs=5",
         ]
 
-    def _environment(self, wheel: _PytritonWheel) -> dict[str, str]:
-        env = dict(os.environ)
-        # The stub embeds libpython of the running interpreter; the binary needs the wheel's libs.
-        libdir = sysconfig.get_config_var("LIBDIR") or ""
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            p for p in (libdir, str(wheel.libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
-        )
-        # The stub finds its site-packages (onnxruntime, numpy) through the `python` on PATH.
-        env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH", "")) if p)
-        return env
-
     def start(self) -> EmbeddedTriton:
-        """Spawn the server; returns at once (see ``wait_ready``)."""
-        if self.is_running():
-            return self
-        if not (self.repository / self.model / "config.pbtxt").exists():
-            raise ModelAssetsMissing(
-                f"no Triton model {self.model!r} in {self.repository}: run `keyrank prepare` first"
+        """Spawn the server (and its supervisor); returns at once (see ``wait_ready``)."""
+        with self.lifecycle:
+            self.wanted = True
+            self._start_locked()
+            self._supervised()
+        return self
+
+    def _supervised(self) -> None:
+        if self._supervise and self.supervisor is None:
+            self.supervisor = Supervisor(
+                self, max_repairs=self.settings.embedded_max_repairs, backoff_s=self.settings.embedded_repair_backoff_s,
+                on_give_up=self._on_give_up,
             )
-        wheel = _PytritonWheel()
-        command = self._command(wheel, self._backend_dir(wheel))
-        env = self._environment(wheel)
+            self.supervisor.start()
+
+    def _start_locked(self) -> None:
+        if self.is_running():
+            return
+        if not (self.repository / self.model / "config.pbtxt").exists():
+            raise ModelAssetsMissing(missing_model_message(self.repository, self.model))
+        wheel = PytritonWheel()
+        command = self._command(wheel, wheel.backend_dir(self.work_dir))
+        env = wheel.environment()
+        for port, setting in self._port_settings.items():  # a restart finds a port taken meanwhile at once
+            check_port_free(port, setting)
         spawned: list[subprocess.Popen | BaseException] = []
         done = threading.Event()
 
@@ -238,7 +232,7 @@ class EmbeddedTriton:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
-                        preexec_fn=_die_with_parent if _prctl is not None else None,
+                        preexec_fn=die_with_parent,
                     )
             except BaseException as exc:  # handed to start()
                 spawned.append(exc)
@@ -246,15 +240,16 @@ class EmbeddedTriton:
                 return
             spawned.append(proc)
             done.set()
-            proc.wait()
+            self.returncode = proc.wait()
 
+        self.serving = False
+        self.returncode = None
         self._reaper = threading.Thread(target=spawn_and_reap, name="keyrank-triton-reaper", daemon=True)
         self._reaper.start()
         done.wait()
         if isinstance(spawned[0], BaseException):
             raise EmbeddedTritonError(f"cannot start {wheel.binary}: {spawned[0]}") from spawned[0]
         self._proc = spawned[0]
-        return self
 
     def _probe(self, path: str) -> bool:
         try:
@@ -263,22 +258,73 @@ class EmbeddedTriton:
         except (urllib.error.URLError, OSError):
             return False
 
+    def _exited_message(self, code: int | None) -> str:
+        tail = self.log_tail()
+        taken = re.search(r"(\d+\.\d+\.\d+\.\d+):(\d+)'? already in use", tail) or re.search(r":(\d+)\D{0,40}already in use", tail)
+        if taken:
+            port = int(taken.group(taken.lastindex))
+            setting = self._port_settings.get(port, "its port setting")
+            return (
+                f"tritonserver exited (code {code}): port {port} ({setting}) is already in use by another process; "
+                f"unset {setting} (or set it to 0) to use a free port\n{tail}"
+            )
+        return f"tritonserver exited (code {code}) before ready:\n{tail}"
+
     def wait_ready(self, timeout: float | None = None) -> float:
-        """Block until the server and the model are ready; returns the seconds waited."""
+        """Block until the server is ours (its id), ready, and the model ready; returns the seconds waited."""
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         while True:
-            if self._proc is None or self._proc.poll() is not None:
-                code = None if self._proc is None else self._proc.returncode
-                raise EmbeddedTritonError(f"tritonserver exited (code {code}) before ready:\n{self.log_tail()}")
-            if self._probe("/v2/health/ready") and self._probe(f"/v2/models/{self.model}/ready"):
+            proc = self._proc
+            if proc is None or proc.poll() is not None:
+                raise EmbeddedTritonError(self._exited_message(None if proc is None else proc.returncode))
+            if not self.wanted:
+                raise EmbeddedTritonError("embedded Triton stopped while waiting for it to be ready")
+            # Another process on our port would answer the health probes: only our own id counts.
+            if (
+                self.admin.server_id() == self.server_id
+                and self._probe("/v2/health/ready")
+                and self._probe(f"/v2/models/{self.model}/ready")
+            ):
+                # On CPU a warm-up buys nothing (first runs cost what later ones do) and it delays a
+                # repair by seconds: a reload uses this config without it.
+                config = self.admin.config(self.model) or {}
+                config.pop("model_warmup", None)
+                self._reload_config = config or None
+                self.serving = True
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
                 raise EmbeddedTritonError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(_POLL_S)
 
+    def reload_model(self, timeout: float | None = None) -> float:
+        """Unload the model (readiness turns false at once), load it again; returns the seconds taken.
+
+        Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
+        """
+        timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
+        t0 = time.monotonic()
+        with self.lifecycle:
+            if not self.admin.unload(self.model):
+                raise EmbeddedTritonError(f"Triton refused to unload {self.model!r}")
+            error = self.admin.load(self.model, timeout, self._reload_config)
+            if error is not None:
+                raise EmbeddedTritonError(f"Triton could not load {self.model!r} again: {error}")
+            if not self.admin.model_ready(self.model):
+                raise EmbeddedTritonError(f"{self.model!r} not ready after its reload")
+        return time.monotonic() - t0
+
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL what is left after ``timeout``; no orphans."""
+        """SIGTERM the process group, SIGKILL what is left after ``timeout``; no orphans; no repair."""
+        self.wanted = False  # before the lock: a supervisor's wait_ready gives up instead of holding it
+        supervisor, self.supervisor = self.supervisor, None
+        if supervisor is not None:
+            supervisor.stop()
+        with self.lifecycle:
+            self._stop_locked(timeout)
+
+    def _stop_locked(self, timeout: float = 10.0) -> None:
+        self.serving = False
         proc = self._proc
         if proc is None:
             return
@@ -293,20 +339,30 @@ class EmbeddedTriton:
         self._finish(proc)
 
     def kill(self) -> None:
-        """SIGKILL the whole group at once: a crash, for failure tests."""
-        proc = self._proc
-        if proc is None:
-            return
-        self._signal_group(proc.pid, signal.SIGKILL)
-        self._finish(proc)
+        """SIGKILL the whole group at once: a crash, for failure tests (the supervisor repairs it)."""
+        with self.lifecycle:
+            proc = self._proc
+            if proc is None:
+                return
+            self._signal_group(proc.pid, signal.SIGKILL)
+            self._finish(proc)
 
     def restart(self, timeout: float | None = None) -> float:
         """Stop, start on the same ports, wait until ready; returns the seconds to ready."""
-        self.stop()
-        return self.start().wait_ready(timeout)
+        with self.lifecycle:
+            self.wanted = True
+            waited = self.restart_locked(timeout)
+            self._supervised()
+            return waited
+
+    def restart_locked(self, timeout: float | None = None) -> float:
+        """``restart`` for a caller that holds ``lifecycle`` (the supervisor)."""
+        self._stop_locked()
+        self._start_locked()
+        return self.wait_ready(timeout)
 
     def close(self) -> None:
-        """Stop and remove the private work dir (if we made it); idempotent."""
+        """Stop the supervisor and the server, remove the private work dir (if we made it); idempotent."""
         atexit.unregister(self.close)
         self.stop()
         if self._own_work_dir:

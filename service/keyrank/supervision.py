@@ -1,0 +1,328 @@
+"""Supervision of the embedded model path: tritonserver, its Python backend stubs, the model.
+
+Triton keeps reporting the model ready after its Python backend stub (the
+process that runs ONNX Runtime, the largest, the one an OOM kill picks) died:
+every inference then fails with "Stub process ... is not healthy" and nothing
+restarts it. So the supervisor watches, every ``tick``:
+
+- the tritonserver process (exited -> restart it);
+- the stubs, as children of tritonserver (one died or is a zombie -> unload the
+  model at once, which turns Triton's model readiness and so the gateway's
+  ``/readyz`` to 503, then load it again through the repository API);
+- Triton's own view (server id is ours, model ready) and, on a thread of its
+  own, a tiny real inference (an error, or a hang past ``hang_after_s``).
+
+Repairs are bounded: past ``max_repairs`` without a stable period in between
+the supervisor gives up and says why (``keyrank serve`` then exits non-zero).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keyrank.triton_server import EmbeddedTriton
+
+log = logging.getLogger("keyrank.supervision")
+
+STUB_NAME = "triton_python_backend_stub"
+"""Executable of the Python backend's model process (``/proc/<pid>/comm`` holds its first 15 bytes)."""
+_PROBE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state, ppid, ...); None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (dead, not yet reaped) is not alive."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def python_stubs(server_pid: int) -> set[int]:
+    """Pids of the Python backend stubs that ``server_pid`` spawned, dead ones not yet reaped included."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat(int(entry.name))
+        if fields is None or int(fields[1]) != server_pid:
+            continue
+        try:
+            if STUB_NAME.startswith((entry / "comm").read_text().strip()):
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+# --- Triton's HTTP endpoint ---------------------------------------------------------------
+
+
+class TritonAdmin:
+    """Health, identity, repository control and a probe inference over Triton's HTTP endpoint.
+
+    ``admin_header`` (name, value) unlocks the restricted APIs (model repository, config, ...).
+    """
+
+    def __init__(self, http_url: str, admin_header: tuple[str, str] | None = None, timeout_s: float = 1.0):
+        self.http_url: str = http_url
+        """Base URL, e.g. http://127.0.0.1:8000."""
+        self.admin_header: tuple[str, str] | None = admin_header
+        """Header that the server's ``--http-restricted-api`` option expects."""
+        self.timeout_s: float = timeout_s
+        """Timeout of the cheap calls (health, identity)."""
+
+    def _call(self, method: str, path: str, body: dict | None = None, *, admin: bool = False,
+              timeout: float | None = None) -> tuple[int, bytes]:
+        """(status, body); status 0 when nothing answered (refused, reset, timed out)."""
+        headers = {"Content-Type": "application/json"}
+        if admin and self.admin_header:
+            headers[self.admin_header[0]] = self.admin_header[1]
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.http_url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s if timeout is None else timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except (urllib.error.URLError, OSError):
+            return 0, b""
+
+    def server_id(self) -> str | None:
+        """The name the server reports (its ``--id``), None if it does not answer."""
+        status, body = self._call("GET", "/v2")
+        if status != 200:
+            return None
+        try:
+            return str(json.loads(body).get("name"))
+        except ValueError:
+            return None
+
+    def server_ready(self) -> bool:
+        return self._call("GET", "/v2/health/ready")[0] == 200
+
+    def model_ready(self, model: str) -> bool:
+        return self._call("GET", f"/v2/models/{model}/ready")[0] == 200
+
+    def unload(self, model: str) -> bool:
+        """Returns at once: Triton marks the model unavailable and unloads it in the background."""
+        return self._call("POST", f"/v2/repository/models/{model}/unload", {}, admin=True, timeout=10.0)[0] == 200
+
+    def config(self, model: str) -> dict | None:
+        """The model's configuration as Triton holds it (None if it does not answer)."""
+        status, body = self._call("GET", f"/v2/models/{model}/config", admin=True)
+        return json.loads(body) if status == 200 else None
+
+    def load(self, model: str, timeout: float, config: dict | None = None) -> str | None:
+        """Load (or reload) ``model``, with ``config`` instead of its config.pbtxt if given; None when ready."""
+        request = {"parameters": {"config": json.dumps(config)}} if config else {}
+        status, body = self._call("POST", f"/v2/repository/models/{model}/load", request, admin=True, timeout=timeout)
+        if status == 200:
+            return None
+        return body.decode(errors="replace")[:300] or f"no answer within {timeout:.0f} s"
+
+    def probe_inference(self, model: str, timeout: float) -> str | None:
+        """One tiny real inference ([1, 8] tokens). None if it scored; else "timeout" or Triton's error."""
+        body = {
+            "inputs": [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in _PROBE_INPUTS],
+            "outputs": [{"name": "logits"}],
+        }
+        t0 = time.monotonic()
+        status, answer = self._call("POST", f"/v2/models/{model}/infer", body, timeout=timeout)
+        if status == 200:
+            return None
+        if status == 0:
+            return "timeout" if time.monotonic() - t0 >= timeout * 0.9 else "unreachable"
+        return answer.decode(errors="replace")[:300]
+
+
+# --- the supervisor -------------------------------------------------------------------------
+
+
+class _InferenceProber(threading.Thread):
+    """Runs the probe inference every ``every_s`` on its own thread (a queued probe must not delay the tick)."""
+
+    def __init__(self, triton: EmbeddedTriton, every_s: float, timeout_s: float, stopping: threading.Event):
+        super().__init__(name="keyrank-triton-prober", daemon=True)
+        self.triton = triton
+        self.every_s = every_s
+        self.timeout_s = timeout_s
+        self.stopping = stopping
+        self.last_error: tuple[float, str] | None = None
+        """(monotonic time it was sent, error) of the latest failed probe; None after a success."""
+        self.hung_since: float | None = None
+        """When the current run of timed-out probes began."""
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every_s):
+            if not self.triton.serving:
+                self.last_error, self.hung_since = None, None
+                continue
+            started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
+            error = self.triton.admin.probe_inference(self.triton.model, self.timeout_s)
+            if error is None:
+                self.last_error, self.hung_since = None, None
+            elif error == "timeout":
+                self.hung_since = self.hung_since or started
+            else:
+                self.last_error, self.hung_since = (started, error), None
+
+
+class Supervisor(threading.Thread):
+    """Keeps one ``EmbeddedTriton`` serving: detects a dead model path within ``tick_s`` and repairs it."""
+
+    def __init__(
+        self,
+        triton: EmbeddedTriton,
+        *,
+        max_repairs: int = 5,
+        backoff_s: float = 1.0,
+        tick_s: float = 0.1,
+        http_every_s: float = 0.5,
+        probe_every_s: float = 2.0,
+        probe_timeout_s: float = 10.0,
+        hang_after_s: float = 30.0,
+        stable_after_s: float = 30.0,
+        on_give_up: Callable[[str], None] | None = None,
+    ):
+        super().__init__(name="keyrank-triton-supervisor", daemon=True)
+        self.triton = triton
+        self.max_repairs = max_repairs
+        self.backoff_s = backoff_s
+        self.tick_s = tick_s
+        self.http_every_s = http_every_s
+        self.hang_after_s = hang_after_s
+        self.stable_after_s = stable_after_s
+        self.on_give_up = on_give_up
+        self.stopping = threading.Event()
+        self.failure: str | None = None
+        """Why the supervisor gave up; None while it keeps the server serving."""
+        self.repairs: list[tuple[str, float]] = []
+        """(what was done, seconds from detection to serving again) of each successful repair."""
+        self._prober = _InferenceProber(triton, probe_every_s, probe_timeout_s, self.stopping)
+        self._stubs: set[int] = set()
+        self._stubs_of: int | None = None
+        self._buried: set[int] = set()
+        self._next_http = 0.0
+        self._attempts = 0
+        self._healthy_since = time.monotonic()
+        self._repaired_at = 0.0
+
+    def start(self) -> None:
+        super().start()
+        self._prober.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.tick_s):
+            try:
+                fault = self.diagnose()
+                if fault is None:
+                    if time.monotonic() - self._healthy_since > self.stable_after_s:
+                        self._attempts = 0
+                    continue
+                self.repair(fault)
+            except Exception:  # a supervisor bug must not end supervision
+                log.exception("supervision tick failed")
+            if self.failure is not None:
+                return
+
+    # --- detection ----------------------------------------------------------------------
+
+    def diagnose(self) -> str | None:
+        """What is wrong with the model path right now, or None."""
+        triton = self.triton
+        if not triton.wanted or not triton.serving:
+            return None  # stopped on purpose, or (re)starting: whoever starts it waits for ready
+        pid = triton.pid
+        if pid is None:
+            return f"tritonserver exited (code {triton.returncode})"
+        if self._stubs_of != pid or not self._stubs:  # the stubs of a freshly ready server
+            # A dead stub stays a zombie until Triton unloads its model, or longer: once reported,
+            # it is not watched again.
+            self._stubs, self._stubs_of = python_stubs(pid) - self._buried, pid
+        dead = sorted(stub for stub in self._stubs if not process_alive(stub))
+        if dead:
+            self._buried.update(dead)
+            return f"model process died (Python backend stub pid {', '.join(map(str, dead))})"
+        now = time.monotonic()
+        if now >= self._next_http:
+            self._next_http = now + self.http_every_s
+            if triton.admin.server_id() not in (triton.server_id, None):
+                return "Triton's port answers with another server's id"
+            if not triton.admin.model_ready(triton.model):
+                return f"model {triton.model!r} is not ready"
+        error = self._prober.last_error
+        if error is not None and error[0] > self._repaired_at:
+            return f"probe inference failed: {error[1]}"
+        hung = self._prober.hung_since
+        if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
+            return f"probe inference hung for {now - hung:.0f} s"
+        return None
+
+    # --- repair -------------------------------------------------------------------------------
+
+    def repair(self, fault: str) -> None:
+        """Reload the model if the server lives, else (or if that fails) restart the server; bounded."""
+        detected = time.monotonic()
+        triton = self.triton
+        seen_pid = triton.pid
+        log.error("embedded Triton: %s; repairing", fault)
+        model_level = seen_pid is not None and not fault.startswith("Triton's port")
+        while not self.stopping.is_set() and triton.wanted:
+            self._attempts += 1
+            if self._attempts > self.max_repairs:
+                self._give_up(fault)
+                return
+            # At once, then backoff, 2x backoff, ... capped at 30 s.
+            if self._attempts > 1 and self.stopping.wait(min(30.0, self.backoff_s * 2 ** (self._attempts - 2))):
+                return
+            how = "model reload" if model_level else "Triton restart"
+            try:
+                with triton.lifecycle:
+                    if not triton.wanted:
+                        return
+                    if triton.pid not in (seen_pid, None) and triton.serving and triton.admin.model_ready(triton.model):
+                        return  # someone (a test, an operator) restarted it meanwhile
+                    if model_level:
+                        triton.reload_model()
+                    else:
+                        triton.restart_locked()
+            except Exception as exc:  # noqa: BLE001 -- counted; the next attempt restarts the whole server
+                log.error("embedded Triton: %s failed: %s", how, exc)
+                model_level, seen_pid = False, triton.pid
+                continue
+            took = time.monotonic() - detected
+            self.repairs.append((how, took))
+            self._stubs, self._stubs_of = set(), None
+            self._healthy_since = self._repaired_at = time.monotonic()
+            log.warning("embedded Triton serving again after %s (%.1f s after detection)", how, took)
+            return
+
+    def _give_up(self, fault: str) -> None:
+        self.failure = (
+            f"embedded Triton could not be kept serving: {fault}; gave up after {self.max_repairs} repair attempts "
+            f"(set KEYRANK_EMBEDDED_MAX_REPAIRS to allow more)\n{self.triton.log_tail()}"
+        )
+        log.critical("%s", self.failure)
+        if self.on_give_up is not None:
+            self.on_give_up(self.failure)

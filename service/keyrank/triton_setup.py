@@ -1,0 +1,136 @@
+"""What the embedded Triton needs before it starts: the nvidia-pytriton wheel's
+server and Python backend, free loopback ports, the model in the repository,
+and a child that dies with its parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import sysconfig
+from pathlib import Path
+
+from keyrank.errors import KeyrankError
+
+_PR_SET_PDEATHSIG = 1
+PORT_SETTINGS = ("KEYRANK_EMBEDDED_HTTP_PORT", "KEYRANK_EMBEDDED_GRPC_PORT", "KEYRANK_EMBEDDED_METRICS_PORT")
+"""The variables that fix the embedded ports, in (http, grpc, metrics) order."""
+
+
+class EmbeddedTritonError(KeyrankError):
+    """The embedded Triton cannot be found, started, or made ready."""
+
+
+class PytritonWheel:
+    """Where the nvidia-pytriton wheel keeps the server and the Python backend."""
+
+    def __init__(self) -> None:
+        try:
+            import pytriton
+        except ImportError as exc:
+            raise EmbeddedTritonError(
+                "the embedded Triton needs the nvidia-pytriton wheel: pip install keyrank[embedded]"
+            ) from exc
+        root = Path(pytriton.__file__).parent / "tritonserver"
+        major_minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+        self.binary: Path = root / "bin" / "tritonserver"
+        """The tritonserver executable."""
+        self.python_backend: Path = root / "backends" / "python"
+        """libtriton_python.so and triton_python_backend_utils.py."""
+        self.stub: Path = root / "python_backend_stubs" / major_minor / "triton_python_backend_stub"
+        """The backend stub linked against this interpreter's libpython."""
+        self.libs: Path = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+        """Shared libraries the binary was repaired against (auditwheel)."""
+        for path in (self.binary, self.python_backend / "libtriton_python.so", self.stub):
+            if not path.exists():
+                raise EmbeddedTritonError(
+                    f"nvidia-pytriton is installed but {path} is missing "
+                    f"(no stub for Python {major_minor}?): pip install --force-reinstall keyrank[embedded]"
+                )
+
+    def backend_dir(self, work_dir: Path) -> Path:
+        """``work_dir/backends`` holding python/ with the backend library, its utils and our stub."""
+        python_dir = work_dir / "backends" / "python"
+        python_dir.mkdir(parents=True, exist_ok=True)
+        for src in (self.python_backend / "libtriton_python.so", self.python_backend / "triton_python_backend_utils.py", self.stub):
+            dst = python_dir / src.name
+            if not dst.exists():
+                dst.symlink_to(src)
+        return python_dir.parent
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the wheel's libraries and this interpreter's libpython and site-packages."""
+        env = dict(os.environ)
+        # The stub embeds libpython of the running interpreter; the binary needs the wheel's libs.
+        libdir = sysconfig.get_config_var("LIBDIR") or ""
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in (libdir, str(self.libs), os.environ.get("LD_LIBRARY_PATH", "")) if p
+        )
+        # The stub finds its site-packages (onnxruntime, numpy) through the `python` on PATH.
+        env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH", "")) if p)
+        return env
+
+
+# --- ports -----------------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports nobody listens on right now (the usual small race is accepted)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for sock in sockets:  # all held open together, so the kernel cannot hand out one twice
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def check_port_free(port: int, setting: str) -> None:
+    """Fail clearly now rather than through a server that dies on "already in use" later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tritonserver binds
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise EmbeddedTritonError(
+                f"port {port} ({setting}) is taken by another process ({exc.strerror}): "
+                f"unset {setting} (or set it to 0) to use a free port"
+            ) from exc
+
+
+# --- the model -------------------------------------------------------------------------------
+
+
+def missing_model_message(repository: Path, model: str) -> str:
+    """Where we looked for the model and, if prepared models exist elsewhere, where they are."""
+    model_dir = repository.parent
+    message = f"no Triton model {model!r} at {repository.resolve() / model / 'config.pbtxt'}"
+    if not model_dir.is_absolute():
+        message += f" (model dir {str(model_dir)!r} is relative to the current folder {Path.cwd()})"
+    checkout = Path(__file__).resolve().parents[2]  # the source tree of an editable install
+    candidates = [Path.cwd() / "models", checkout / "models", Path.cwd().parent / "models"]
+    found = [c.resolve() for c in candidates if (c / repository.name / model / "config.pbtxt").exists()]
+    found = [c for c in dict.fromkeys(found) if c != model_dir.resolve()]
+    if found:
+        return message + f"; prepared models exist at {found[0]}: point KEYRANK_MODEL_DIR (--model-dir, model_dir=) there"
+    return message + f"; looked also in {', '.join(str(c) for c in dict.fromkeys(candidates))}: run `keyrank prepare --out {model_dir}`"
+
+
+# --- the child process -------------------------------------------------------------------------
+
+# Resolved in the parent: between fork and exec the child may only make a plain call, since
+# another thread (gRPC's, uvicorn's) may hold the loader's lock at the moment of the fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the spawning thread dies."""
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
+die_with_parent = _die_with_parent if _prctl is not None else None
+"""``preexec_fn`` for the server (None where the kernel has no parent-death signal)."""

@@ -1,0 +1,135 @@
+"""The whole model path is supervised: a killed model process (the Python backend stub, the
+one an OOM kill picks), an unloaded model or a dead Triton turn /readyz to 503 at once and are
+repaired within seconds; past a bounded number of failed repairs `keyrank serve` exits non-zero."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from process_tree import BODY, start_serve, stop, stubs_of, tritonserver_of, wait_status
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.fixture()
+def serve(prepared_models: Path, tmp_path: Path):
+    proc, url = start_serve(prepared_models, tmp_path / "serve.log")
+    try:
+        wait_status(url, "/readyz", 200, timeout=120)
+        yield proc, url
+    finally:
+        stop(proc)
+
+
+def test_killed_model_process_turns_readyz_503_within_a_second_and_serves_again_within_10_s(serve):
+    proc, url = serve
+    assert httpx.post(f"{url}/rerank", json=BODY, timeout=30).status_code == 200
+    triton = tritonserver_of(proc.pid)
+    (stub,) = stubs_of(triton)
+
+    os.kill(stub, signal.SIGKILL)  # what the OOM killer does to the largest process
+    killed = time.monotonic()
+    wait_status(url, "/readyz", 503, timeout=1.0)
+    assert time.monotonic() - killed < 1.0
+    wait_status(url, "/rerank", 200, timeout=10.0 - (time.monotonic() - killed), method="POST", json=BODY)
+    assert time.monotonic() - killed < 10.0
+
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    assert tritonserver_of(proc.pid) == triton  # repaired by a model reload, not a server restart
+    assert stubs_of(triton) and stub not in stubs_of(triton)
+    assert httpx.post(f"{url}/rerank", json=BODY, timeout=30).json()["results"][0]["index"] == 0
+
+
+def test_serve_restarts_a_killed_triton_within_10_s(serve):
+    proc, url = serve
+    triton = tritonserver_of(proc.pid)
+    os.kill(triton, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_status(url, "/readyz", 503, timeout=1.0)
+    wait_status(url, "/rerank", 200, timeout=10.0 - (time.monotonic() - killed), method="POST", json=BODY)
+    assert tritonserver_of(proc.pid) != triton
+
+
+def test_serve_gives_up_after_bounded_repairs_and_exits_non_zero_saying_why(prepared_models, tmp_path):
+    # Triton dies and its port is taken meanwhile: every restart fails; the supervisor must stop
+    # trying (5 attempts with backoff here 0.1 s, 0.2 s, ...) instead of restarting forever.
+    log = tmp_path / "serve.log"
+    http_port = str(_free_port())
+    proc, url = start_serve(prepared_models, log, KEYRANK_EMBEDDED_HTTP_PORT=http_port,
+                            KEYRANK_EMBEDDED_MAX_REPAIRS="3", KEYRANK_EMBEDDED_REPAIR_BACKOFF_S="0.1")
+    try:
+        wait_status(url, "/readyz", 200, timeout=120)
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        triton = tritonserver_of(proc.pid)
+        os.kill(triton, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while True:  # take the port the moment the dead server lets go of it
+            try:
+                squatter.bind(("127.0.0.1", int(http_port)))
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        squatter.listen()
+        try:
+            code = proc.wait(60)
+        finally:
+            squatter.close()
+    finally:
+        stop(proc)
+    output = log.read_text()
+    assert code == 1, output[-3000:]
+    assert "gave up after 3 repair attempts" in output
+    assert f"port {http_port} (KEYRANK_EMBEDDED_HTTP_PORT) is taken" in output
+    assert output.count("repairing") == 1  # one fault, bounded attempts, then the exit
+
+
+def test_a_model_unloaded_behind_our_back_is_loaded_again(embedded_triton):
+    from keyrank.triton_server import ADMIN_HEADER
+
+    assert embedded_triton.admin.model_ready(embedded_triton.model)
+    unloaded = httpx.post(f"{embedded_triton.http_url}/v2/repository/models/{embedded_triton.model}/unload",
+                          headers={ADMIN_HEADER: embedded_triton.admin_key}, json={})
+    assert unloaded.status_code == 200
+    t0 = time.monotonic()
+    while not embedded_triton.admin.model_ready(embedded_triton.model):
+        assert time.monotonic() - t0 < 10, "the supervisor never loaded the model again"
+        time.sleep(0.05)
+    assert embedded_triton.admin.probe_inference(embedded_triton.model, timeout=10) is None
+
+
+def test_reranker_embedded_is_supervised_too(prepared_models):
+    from keyrank.config import Settings
+    from keyrank.errors import ScoringUnavailable
+    from keyrank.reranker import Reranker
+
+    with Reranker.embedded(Settings(model_dir=prepared_models)) as reranker:
+        assert reranker.rank(BODY["query"], BODY["documents"]).results[0].index == 0
+        triton = reranker._embedded
+        (stub,) = stubs_of(triton.pid)
+        os.kill(stub, signal.SIGKILL)
+        killed = time.monotonic()
+        while True:
+            try:
+                ranking = reranker.rank(BODY["query"], BODY["documents"])
+                if time.monotonic() - killed > 0.5:  # not a request that raced the kill
+                    break
+            except ScoringUnavailable:  # the outage is a 503, never another error
+                assert time.monotonic() - killed < 10, "Reranker.embedded() never recovered from a killed model process"
+                time.sleep(0.1)
+        assert ranking.results[0].index == 0
+        assert time.monotonic() - killed < 10
+        assert [how for how, _ in triton.supervisor.repairs] == ["model reload"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
