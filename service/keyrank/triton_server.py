@@ -45,14 +45,16 @@ from keyrank.triton_setup import (
     missing_model_message,
 )
 
-__all__ = ["ADMIN_HEADER", "EmbeddedTriton", "EmbeddedTritonError"]
+__all__ = ["ADMIN_HEADER", "GRPC_ADMIN_HEADER", "EmbeddedTriton", "EmbeddedTritonError"]
 
 _POLL_S = 0.1
 _LOG_TAIL_BYTES = 256 * 1024
 _LOG_ERROR_LINES = 10
 _LOG_TAIL_LINES = 15
 ADMIN_HEADER = "keyrank-admin"
-"""Header (HTTP) / metadata key (gRPC) carrying the embedded server's admin key."""
+"""HTTP header carrying the embedded server's admin key."""
+GRPC_ADMIN_HEADER = "triton-grpc-protocol-" + ADMIN_HEADER
+"""The same key as gRPC metadata (Triton prefixes the restricted-protocol key)."""
 # Everything but health, metadata and inference needs the admin key.
 RESTRICTED_APIS = "shared-memory,model-config,model-repository,statistics,trace,logging"
 
