@@ -10,10 +10,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from process_tree import BODY
-
 from keyrank.config import Settings
-from keyrank.triton_server import ADMIN_HEADER, GRPC_ADMIN_HEADER, EmbeddedTriton, EmbeddedTritonError
+from keyrank.triton_server import (
+    ADMIN_HEADER,
+    GRPC_ADMIN_HEADER,
+    EmbeddedTriton,
+    EmbeddedTritonError,
+)
+from process_tree import BODY
 
 
 def test_a_taken_configured_port_fails_at_once_naming_its_setting(prepared_models):
@@ -47,7 +51,7 @@ def test_two_embedded_instances_side_by_side_each_use_their_own_triton(prepared_
 def test_the_ready_probe_never_takes_another_server_on_our_port_for_ours(prepared_models, embedded_triton, monkeypatch):
     # The race the port check cannot close: our port is taken after we checked it. The other
     # server answers every health probe; only its id tells it apart, and our own server dies.
-    import keyrank.triton_server as triton_server
+    from keyrank import triton_server
 
     monkeypatch.setattr(triton_server, "check_port_free", lambda port, setting: None)
     settings = Settings(model_dir=prepared_models, embedded_http_port=embedded_triton.http_port)
