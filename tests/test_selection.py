@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from keyrank.config import Settings
 from keyrank.segment import Spans
 from keyrank.select.duplicates import ChosenSets, jaccard, token_set
-from keyrank.select.hybrid import competition_ranks, reciprocal_rank_fusion
-from keyrank.strategies.keyb2 import SelectionRules, choose_blocks, keyb2_budget, select_blocks
+from keyrank.segment import blocks, token_break_costs
+from keyrank.select.hybrid import competition_ranks, hybrid_scores, reciprocal_rank_fusion
+from keyrank.strategies.keyb2 import SelectionRules, choose_blocks, keyb2_budget, keyb2_passages, select_blocks
 from keyrank.template import InputTemplate
 from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
@@ -61,6 +62,19 @@ def test_settings_default_to_the_current_plain_selection():
     assert rules.plain and Settings().keyb2_budget == "paper480"
     assert SelectionRules.from_settings(Settings(keyb2_keep_lead=True, keyb2_dedup_jaccard=0.8)) == SelectionRules(
         keep_lead=True, dedup_jaccard=0.8)
+
+
+def test_keyb2_passages_apply_the_settings_budget_rule_and_rules_to_every_document():
+    text = " ".join(f"Sentence {i} of the meeting notes talks about topic {i % 7}." for i in range(120))
+    docs = TOKENIZER.encode_documents([text, text.upper()])
+    pieces = [blocks(d, token_break_costs(TOKENIZER)) for d in docs]
+    scores = [np.linspace(0.0, 1.0, len(sp)) for sp in pieces]  # the last blocks score best
+    fits = BERT.document_budget(10)
+    plain = keyb2_passages(docs, pieces, scores, fits, Settings())
+    assert [p.n_tokens for p in plain] == [480, 480] and all(0 not in p.pieces for p in plain)
+    filled = keyb2_passages(docs, pieces, scores, fits, Settings(keyb2_budget="fill", keyb2_keep_lead=True))
+    assert [p.n_tokens for p in filled] == [499, 499] and all(p.pieces[0] == 0 for p in filled)
+    assert [p.doc for p in filled] == [0, 1]
 
 
 # --- invariants over every rule combination ----------------------------------------------------
@@ -186,6 +200,16 @@ def test_hybrid_ranks_equal_fused_ranks_of_a_reference_rrf(pairs, k):
 def test_hybrid_refuses_score_arrays_of_different_blocks():
     with pytest.raises(ValueError, match="same blocks"):
         reciprocal_rank_fusion(np.zeros(3), np.zeros(4))
+
+
+def test_hybrid_scores_fuse_each_document_separately():
+    lexical = [np.array([1.0, 0.0]), np.array([0.0, 2.0, 1.0])]
+    dense = [np.array([0.1, 0.9]), np.array([0.3, 0.2, 0.1])]
+    fused = hybrid_scores(lexical, dense, k=60)
+    np.testing.assert_allclose(fused[0], [1 / 61 + 1 / 62, 1 / 62 + 1 / 61])
+    np.testing.assert_allclose(fused[1], [1 / 63 + 1 / 61, 1 / 61 + 1 / 62, 1 / 62 + 1 / 63])
+    with pytest.raises(ValueError, match="documents"):
+        hybrid_scores(lexical, dense[:1])
 
 
 # --- near-duplicates ----------------------------------------------------------------------------

@@ -4,8 +4,9 @@ Meetings, forums and web pages repeat themselves (greetings, boilerplate,
 quoted replies), and a lexical selector scores every copy of a matching block
 alike. A candidate is dropped when the Jaccard similarity of its token-id set
 with a chosen block's reaches the threshold. Blocks are at most 63 tokens, so
-sets are small: each candidate is compared with all chosen blocks at once
-(one ``isin`` + ``bincount``), never pair by pair.
+sets are small: the chosen blocks are rows of a boolean matrix over the
+document's distinct tokens, and a candidate is compared with all of them in
+one gather-and-sum, never pair by pair.
 """
 
 from __future__ import annotations
@@ -27,35 +28,48 @@ def jaccard(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class ChosenSets:
-    """Token sets of the blocks chosen so far, flattened, to test candidates against all of them at once."""
+    """Token sets of the blocks chosen so far, to test a candidate against all of them at once."""
 
-    def __init__(self, ids: np.ndarray, blocks: Spans, threshold: float):
+    def __init__(self, ids: np.ndarray, blocks: Spans, threshold: float, most_chosen: int | None = None):
+        """``most_chosen``: how many blocks will likely be added (rows reserved; more still work)."""
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"a Jaccard threshold lies in (0, 1], got {threshold}")
-        self.ids = ids
-        """int64 [n] the document's token ids."""
         self.blocks = blocks
         """The document's blocks."""
         self.threshold = threshold
         """Jaccard at or above which a candidate counts as a repeat."""
-        self._tokens: list[np.ndarray] = []
-        self._sizes: list[int] = []
+        self.ids = ids
+        """int64 [n] the document's token ids."""
+        # A chosen set is a row of booleans indexed by token id (zeroed pages cost nothing until written).
+        rows = max(1, len(blocks) if most_chosen is None else min(most_chosen, len(blocks)))
+        self._members = np.zeros((rows, int(ids.max(initial=0)) + 1), dtype=bool)
+        self._sizes = np.zeros(rows, dtype=np.int64)
+        self._count = 0
+        self._last: tuple[int, np.ndarray] | None = None
+
+    def _columns(self, block: int) -> np.ndarray:
+        # A candidate tested by ``repeats`` is usually ``add``ed next: its set is computed once.
+        if self._last is None or self._last[0] != block:
+            self._last = (block, token_set(self.ids, self.blocks, block))
+        return self._last[1]
 
     def repeats(self, block: int) -> bool:
         """Whether ``block`` is a near-duplicate of a chosen block."""
-        if not self._tokens:
+        if self._count == 0:
             return False
-        candidate = token_set(self.ids, self.blocks, block)
-        chosen = np.concatenate(self._tokens)
-        owner = np.repeat(np.arange(len(self._tokens)), self._sizes)
-        shared = np.bincount(owner[np.isin(chosen, candidate, assume_unique=False)], minlength=len(self._tokens))
-        union = np.asarray(self._sizes) + candidate.shape[0] - shared
-        # Two empty blocks (no tokens) are the same block.
-        similarity = np.divide(shared, union, out=np.ones(shared.shape), where=union > 0)
-        return bool((similarity >= self.threshold).any())
+        columns = self._columns(block)
+        shared = self._members[: self._count, columns].sum(axis=1)
+        union = self._sizes[: self._count] + columns.shape[0] - shared
+        if not union.all():
+            return True  # an empty candidate and an empty chosen block: the same block
+        return bool(np.any(shared / union >= self.threshold))
 
     def add(self, block: int) -> None:
         """Remember ``block`` as chosen."""
-        tokens = token_set(self.ids, self.blocks, block)
-        self._tokens.append(tokens)
-        self._sizes.append(int(tokens.shape[0]))
+        if self._count == self._members.shape[0]:
+            self._members = np.vstack([self._members, np.zeros_like(self._members)])
+            self._sizes = np.concatenate([self._sizes, np.zeros_like(self._sizes)])
+        columns = self._columns(block)
+        self._members[self._count, columns] = True
+        self._sizes[self._count] = columns.shape[0]
+        self._count += 1

@@ -12,6 +12,8 @@ instead of being ordered by position.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 RRF_K = 60
@@ -35,3 +37,10 @@ def reciprocal_rank_fusion(*block_scores: np.ndarray, k: float = RRF_K) -> np.nd
     if k < 0:
         raise ValueError(f"the RRF constant must be >= 0, got {k}")
     return sum(1.0 / (k + competition_ranks(s)) for s in block_scores)
+
+
+def hybrid_scores(lexical: Sequence[np.ndarray], dense: Sequence[np.ndarray], k: float = RRF_K) -> list[np.ndarray]:
+    """Per document, the RRF of its BM25 and bi-encoder block scores (the ``hybrid`` selector)."""
+    if len(lexical) != len(dense):
+        raise ValueError(f"{len(lexical)} documents scored by BM25 but {len(dense)} by the bi-encoder")
+    return [reciprocal_rank_fusion(a, b, k=k) for a, b in zip(lexical, dense)]

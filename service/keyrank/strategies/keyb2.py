@@ -18,6 +18,7 @@ The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -27,6 +28,7 @@ import numpy as np
 from keyrank.segment import Spans
 from keyrank.select.duplicates import ChosenSets
 from keyrank.strategies import Passage
+from keyrank.tokenize import Encoded
 
 BUDGET_RULES = ("paper480", "fill")
 """``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
@@ -82,6 +84,17 @@ class SelectionRules:
         )
 
 
+def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], fits: int,
+                   settings: Any) -> list[Passage]:
+    """What keyb2 reads of every document: the settings' budget rule and selection rules in one call.
+
+    ``fits``: document tokens that fit next to the query (``Pipeline.budget``);
+    ``settings``: a ``Settings`` (its ``keyb2_*`` fields)."""
+    budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
+    rules = SelectionRules.from_settings(settings)
+    return [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
+
+
 def select_blocks(doc: int, blocks: Spans, scores: np.ndarray, budget: int) -> Passage:
     """The top-scored blocks within ``budget`` tokens, in document order (ties: earlier block first)."""
     if len(blocks) == 0 or budget <= 0:
@@ -116,7 +129,9 @@ def choose_blocks(
         return _empty(doc)
     if rules.dedup_jaccard is not None and ids is None:
         raise ValueError("near-duplicate suppression needs the document's token ids")
-    reader = _Reader(blocks, budget, None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard))
+    # Blocks are 63 tokens at most, so a budget of B tokens rarely holds more than B / 8 of them.
+    duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard, most_chosen=budget // 8 + 1)
+    reader = _Reader(blocks, budget, duplicates)
     order = np.argsort(-np.asarray(scores), kind="stable")
     if rules.keep_lead:
         reader.take(0, cut=True)
