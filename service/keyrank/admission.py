@@ -10,11 +10,13 @@ the time the work queued now needs to drain at the measured rate. Deadline
 The bound is ``KEYRANK_MAX_QUEUED_SEQUENCES`` or, unset, the measured drain
 rate times half the request deadline (the other half is margin for the
 estimate and the CPU stages). Until a rate is measured,
-``KEYRANK_CAPACITY_SEQUENCES_PER_S`` stands in for it: 4 sequences/s is what
-the embedded CPU Triton drained on the reference machine (2 cores,
-MiniLM-L6, 300-word documents = one 512-token sequence each, 8 concurrent
-requests: 3.5 seq/s; 16 concurrent requests already missed the 30 s deadline).
-``tests/test_api_admission.py::test_measure_capacity`` (``-m slow``) re-measures it.
+``KEYRANK_CAPACITY_SEQUENCES_PER_S`` stands in for it. Its default, 4
+sequences/s, is what the embedded CPU Triton drained on the reference machine
+(2 cores, MiniLM-L6, 300-word documents = one sequence each): 3.5 seq/s with 8
+concurrent requests of 10 documents while other jobs shared the cores (16
+concurrent requests already missed the 30 s deadline), 1.8 seq/s under twice
+that load. ``pytest tests/test_api_admission.py -m slow -s -k measure``
+re-measures it; a GPU Triton drains hundreds, so set it (or the bound) there.
 
 One queue per gateway process, on its event loop (no lock needed).
 """

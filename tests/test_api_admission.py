@@ -1,0 +1,183 @@
+"""Admission control: a cost estimate at the door, a bound on queued work, fast 429s with a
+Retry-After computed from the queue, and admitted requests that meet their deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import httpx
+import pytest
+from keyrank.admission import CHARS_PER_TOKEN, AdmissionQueue, estimate_sequences
+from keyrank.config import Settings
+from keyrank.errors import Overloaded
+from live_gateway import live_gateway
+from prometheus_client import REGISTRY
+
+WORDS = ("the", "farm", "makes", "cheese", "from", "milk", "while", "rivers", "carry", "boats", "past", "mills")
+
+
+def _words(n: int, seed: int = 0) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + "."
+
+
+# --------------------------------------------------------------------------- the estimate
+
+S = Settings(triton_url="unused")
+TOKENS_1000 = "x" * int(1000 * CHARS_PER_TOKEN)  # about 1000 tokens by the door's rule
+Q = "cheese"  # 2 query tokens: a window holds 512 - 2 - 4 = 506 document tokens
+
+
+@pytest.mark.parametrize(
+    ("strategy", "selector", "expected"),
+    [
+        ("firstp", None, 3),  # one sequence per document
+        ("keyb2", "bm25", 3),  # one sequence per document, selection on CPU
+        ("keyb2", "cross", 3 + 3 * 16),  # plus every block (<= 63 tokens) scored alone: ceil(1000 / 63) = 16
+        ("maxp", None, 3 * 3),  # windows of 506, stride 253: 1 + ceil(494 / 253) = 3
+        ("parade-max", None, 3 * 3),
+        ("avgp", None, 3 * 2),  # disjoint chunks of 506: 1 + ceil(494 / 506) = 2
+    ],
+)
+def test_cost_is_estimated_per_strategy_from_characters(strategy, selector, expected):
+    assert estimate_sequences(strategy, selector, Q, [TOKENS_1000] * 3, S) == expected
+
+
+def test_cost_respects_the_window_cap_and_max_tokens_per_doc():
+    huge = "x" * int(100_000 * CHARS_PER_TOKEN)
+    assert estimate_sequences("maxp", None, Q, [huge], S) == S.max_windows_per_doc
+    assert estimate_sequences("maxp", None, Q, [huge], S, max_tokens_per_doc=506) == 1
+
+
+# --------------------------------------------------------------------------- the queue
+
+
+def test_queue_refuses_past_its_bound_with_retry_after_from_depth_and_rate():
+    queue = AdmissionQueue(Settings(triton_url="unused", max_queued_sequences=40, capacity_sequences_per_s=4.0))
+    tickets = [queue.admit(10) for _ in range(4)]
+    with pytest.raises(Overloaded) as refused:
+        queue.admit(1)
+    assert refused.value.retry_after_s == 10  # 40 queued sequences / 4 per second
+    queue.release(tickets[0], completed=True)
+    assert queue.depth == 30
+    queue.admit(10)
+    with pytest.raises(Overloaded):
+        queue.admit(1)
+
+
+def test_an_idle_queue_admits_a_request_larger_than_the_bound():
+    queue = AdmissionQueue(Settings(triton_url="unused", max_queued_sequences=5))
+    ticket = queue.admit(50)
+    with pytest.raises(Overloaded):
+        queue.admit(1)
+    queue.release(ticket, completed=False)
+    queue.release(ticket, completed=False)  # a ticket frees its share once
+    assert queue.depth == 0
+
+
+def test_unset_bound_is_the_measured_drain_rate_times_half_the_deadline(monkeypatch):
+    queue = AdmissionQueue(Settings(triton_url="unused", capacity_sequences_per_s=4.0, request_timeout_s=30))
+    assert queue.bound == 60  # before any measurement: the configured capacity
+    clock = [100.0]
+    monkeypatch.setattr("keyrank.admission.time.monotonic", lambda: clock[0])
+    for _ in range(20):  # the gateway drains 40 sequences per second while busy
+        ticket = queue.admit(40)
+        clock[0] += 1.0
+        queue.release(ticket, completed=True)
+    assert 39 < queue.rate <= 40
+    assert 39 * 15 < queue.bound <= 40 * 15
+
+
+# --------------------------------------------------------------------------- live: overload
+
+
+def _counted(outcome: str) -> float:
+    labels = {"endpoint": "/rerank", "strategy": "keyb2", "outcome": outcome}
+    return REGISTRY.get_sample_value("keyrank_requests_total", labels) or 0.0
+
+
+async def _one(client: httpx.AsyncClient, seed: int) -> tuple[int, float, str | None]:
+    """One request of one 300-word document: (status, seconds, Retry-After)."""
+    started = time.monotonic()
+    response = await client.post("/rerank", json={"query": "cheese farm", "documents": [_words(300, seed)]})
+    return response.status_code, time.monotonic() - started, response.headers.get("retry-after")
+
+
+async def _flood(url: str, n: int) -> list[tuple[int, float, str | None]]:
+    """n simultaneous requests of one 300-word document each."""
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=n)) as client:
+        await client.get("/healthz")
+        return await asyncio.gather(*(_one(client, i) for i in range(n)))
+
+
+async def _probe_behind(url: str, big: dict, probes: int) -> tuple[int, list]:
+    """``big`` fills the queue; meanwhile ``probes`` requests go one after another on a warm connection,
+    so their latency is the gateway's, not that of many connections opening at once."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        await client.get("/healthz")
+        filling = asyncio.ensure_future(client.post("/rerank", json=big))
+        await asyncio.sleep(0.3)
+        probed = [await _one(client, 1000 + i) for i in range(probes)]
+        return (await filling).status_code, probed
+
+
+def _overload_settings(models, triton) -> Settings:
+    return Settings(
+        model_dir=models, triton_url=triton.grpc_url, request_timeout_s=DEADLINE_S, max_queued_sequences=12,
+        capacity_sequences_per_s=4.0,
+    )
+
+
+DEADLINE_S = 15.0
+
+
+@pytest.mark.triton
+def test_overload_is_refused_and_the_admitted_meet_their_deadline(prepared_models, embedded_triton):
+    with live_gateway(_overload_settings(prepared_models, embedded_triton)) as url:
+        httpx.post(f"{url}/rerank", json={"query": "warm", "documents": ["up"]}, timeout=30)
+        overloaded_before = _counted("overloaded")
+        answers = asyncio.run(_flood(url, 40))
+        metrics_text = httpx.get(f"{url}/metrics").text
+    admitted = [a for a in answers if a[0] == 200]
+    refused = [a for a in answers if a[0] == 429]
+    assert len(admitted) + len(refused) == len(answers), sorted({a[0] for a in answers})  # no 503, no 5xx
+    assert 12 <= len(admitted) < 40 and len(refused) >= 10, (len(admitted), len(refused))
+    assert all(seconds < DEADLINE_S for _, seconds, _ in admitted)
+    assert all(retry is not None and 1 <= int(retry) <= 60 for _, _, retry in refused)
+    assert _counted("overloaded") - overloaded_before == len(refused)
+    assert "keyrank_queued_sequences 0.0" in metrics_text  # everything drained, nothing leaked
+
+
+@pytest.mark.triton
+def test_a_full_queue_refuses_in_milliseconds_with_retry_after_from_the_queue(prepared_models, embedded_triton):
+    # about 15 windows by the door's estimate: more than the bound, so it is admitted only alone
+    big = {"query": "cheese", "documents": [_words(3_000, 7)], "strategy": "maxp"}
+    with live_gateway(_overload_settings(prepared_models, embedded_triton)) as url:
+        httpx.post(f"{url}/rerank", json={"query": "warm", "documents": ["up"]}, timeout=30)
+        big_status, probed = asyncio.run(_probe_behind(url, big, probes=10))
+    assert big_status == 200
+    assert [status for status, _, _ in probed] == [429] * 10, probed
+    latencies = sorted(seconds for _, seconds, _ in probed)
+    assert latencies[5] < 0.05, latencies  # refused before any tokenizing
+    estimate = estimate_sequences("maxp", None, big["query"], big["documents"], Settings(triton_url="unused"))
+    assert {retry for _, _, retry in probed} == {str(-(-estimate // 4))}  # queued sequences / 4 per second
+
+
+# --------------------------------------------------------------------------- measuring the default
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_measure_capacity(prepared_models, embedded_triton):
+    """Sequences per second the embedded Triton drains (the KEYRANK_CAPACITY_SEQUENCES_PER_S default)."""
+    settings = Settings(
+        model_dir=prepared_models, triton_url=embedded_triton.grpc_url, request_timeout_s=120, max_queued_sequences=10_000
+    )
+    with live_gateway(settings) as url:
+        started = time.monotonic()
+        answers = asyncio.run(_flood(url, 24))
+        seconds = time.monotonic() - started
+    assert all(status == 200 for status, _, _ in answers)
+    print(f"\ncapacity: {len(answers) / seconds:.2f} sequences/s (24 x one 300-word document, keyb2)")
