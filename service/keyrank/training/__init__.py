@@ -1,0 +1,25 @@
+"""``keyrank finetune``: train the scorer (and PARADE's aggregators) on exactly what serving reads.
+
+Model inputs come from ``keyrank.pipeline.Pipeline.plan`` of the model being
+trained, the same call the server makes, so a training sequence and the served
+sequence for the same query and document are the same ids and token types.
+
+    judged.py   judged queries: TREC qrels + JSONL docs + TSV/JSONL queries; eval task builders
+    splits.py   the fixed train / dev / held-back splits (QMSum meetings, DL20 topics)
+    planned.py  candidate groups planned by the serving pipeline; sampled training groups
+    model.py    the HF model behind the export's own wrapper; document scores per strategy
+    losses.py   pairwise hinge (KeyB), listwise softmax CE, distillation
+    cache.py    teacher MaxP scores and frozen pooled vectors, computed once, kept on disk
+    loop.py     the loop: seeded, resumable, progress bar, dev metric every epoch
+    parade.py   PARADE-Attn / PARADE-Transformer modules and their ONNX export
+    cli.py      the command line
+"""
+
+from __future__ import annotations
+
+
+def finetune(*args, **kwargs):
+    """See ``keyrank.training.loop.finetune`` (imported lazily: torch loads only when training)."""
+    from keyrank.training.loop import finetune as run
+
+    return run(*args, **kwargs)

@@ -1,0 +1,133 @@
+"""``keyrank finetune``: the command line of ``keyrank.training.finetune``.
+
+    keyrank finetune --model ../shared/models/ce-minilm-l6 --out runs/ce-keyb2 \\
+        --strategy keyb2 --selector bm25 --task qmsum farrel
+    keyrank finetune --model my-reranker/ --out runs/mine --qrels q.txt --docs docs.jsonl --queries q.tsv
+    keyrank finetune --model ../shared/models/ce-minilm-l6 --out runs/parade-attn \\
+        --strategy parade-attn --task qmsum --install-into models
+
+docs/TRAINING.md has the recipe, the splits and measured runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from keyrank.training.losses import LOSSES
+from keyrank.training.planned import TRAINABLE
+from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig, TrecFiles
+from keyrank.training.splits import TASKS
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(",") if v)
+
+
+def parser() -> argparse.ArgumentParser:
+    d = FinetuneConfig(model="", out=Path())
+    p = argparse.ArgumentParser(prog="keyrank finetune", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id")
+    p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...)")
+    p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy)
+    p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
+    data = p.add_argument_group("data (any mix)")
+    data.add_argument("--task", nargs="+", choices=TASKS, default=[], help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics")
+    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    data.add_argument("--farrel-seeds", type=_ints, default=d.farrel_seeds, help="far-relevant constructions per topic, e.g. 0,1,2")
+    data.add_argument("--farrel-offsets", type=_ints, default=d.farrel_offsets)
+    data.add_argument("--qrels", type=Path, help="TREC qrels (qid 0 docid grade)")
+    data.add_argument("--docs", type=Path, help='JSONL {"id", "text"} documents')
+    data.add_argument("--queries", type=Path, help="TSV qid<TAB>text or JSONL {id, text}")
+    data.add_argument("--run", type=Path, help="optional TREC run: its top --depth join the candidates")
+    data.add_argument("--depth", type=int, default=100)
+    data.add_argument("--relevant-from", type=int, default=1, help="lowest relevant grade (TREC DL: 2)")
+    data.add_argument("--max-queries", type=int, default=None, help="seeded subset of the training queries")
+    train = p.add_argument_group("training")
+    train.add_argument("--loss", choices=LOSSES, default=d.loss)
+    train.add_argument("--margin", type=float, default=d.margin)
+    train.add_argument("--negatives", type=int, default=d.negatives)
+    train.add_argument("--distill", type=float, default=d.distill, help="weight of distillation from the base model's MaxP scores")
+    train.add_argument("--temperature", type=float, default=d.temperature)
+    train.add_argument("--epochs", type=int, default=d.epochs)
+    train.add_argument("--max-groups", type=int, default=d.max_groups, help="groups per epoch at most")
+    train.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
+    train.add_argument("--sequences-per-forward", type=int, default=d.sequences_per_forward)
+    train.add_argument("--lr", type=float, default=d.lr)
+    train.add_argument("--aggregator-lr", type=float, default=d.aggregator_lr)
+    train.add_argument("--warmup", type=float, default=d.warmup)
+    train.add_argument("--train-encoder", action="store_true", help="PARADE: train the cross-encoder too (default: frozen, cached pooled vectors)")
+    train.add_argument("--seed", type=int, default=d.seed)
+    train.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="optimizer steps")
+    train.add_argument("--restart", action="store_true", help="ignore out/state/latest.pt and start over")
+    train.add_argument("--dev-max-queries", type=int, default=d.dev_max_queries)
+    train.add_argument("--threads", type=int, default=None)
+    train.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                       help="pipeline setting (as KEYRANK_<NAME>), e.g. --set keyb2_budget_tokens=480; serve with the same")
+    p.add_argument("--install-into", type=Path, default=None,
+                   help="PARADE: copy the trained aggregator into this prepared model dir's gateway/")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def config_from(args: argparse.Namespace) -> FinetuneConfig:
+    trec = None
+    if args.qrels or args.docs or args.queries:
+        if not (args.qrels and args.docs and args.queries):
+            raise SystemExit("TREC data needs --qrels, --docs and --queries together")
+        trec = TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from)
+    settings = {}
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants NAME=VALUE, got {item!r}")
+        try:  # numbers, true/false, lists as JSON; anything else as the string pydantic will validate
+            settings[name] = json.loads(value)
+        except ValueError:
+            settings[name] = value
+    return FinetuneConfig(
+        model=args.model, out=args.out, strategy=args.strategy, selector=args.selector, tasks=tuple(args.task), trec=trec,
+        data_dir=args.data_dir, farrel_seeds=args.farrel_seeds, farrel_offsets=args.farrel_offsets, max_queries=args.max_queries,
+        loss=args.loss, margin=args.margin, negatives=args.negatives, distill=args.distill, temperature=args.temperature,
+        epochs=args.epochs, max_groups=args.max_groups, groups_per_step=args.groups_per_step,
+        sequences_per_forward=args.sequences_per_forward, lr=args.lr, aggregator_lr=args.aggregator_lr, warmup=args.warmup,
+        freeze_encoder=not args.train_encoder, seed=args.seed, checkpoint_every=args.checkpoint_every, resume=not args.restart,
+        dev_max_queries=args.dev_max_queries, threads=args.threads, device=args.device, progress=not args.no_progress,
+        settings=settings,
+    )
+
+
+def install_aggregator(path: Path, model_dir: Path) -> Path:
+    """Copy a trained aggregator into ``model_dir/gateway/`` after checking it was trained on that encoder."""
+    from keyrank.aggregators import TrainedAggregator
+
+    manifest = json.loads((Path(model_dir) / "gateway" / "manifest.json").read_text())
+    served = manifest["cross_encoder"]["fingerprint"]
+    trained_on = TrainedAggregator.load(path).meta.get("encoder_fingerprint")
+    if trained_on != served:
+        raise SystemExit(f"{path} was trained on encoder {trained_on}, but {model_dir} serves {served}: prepare the matching model first")
+    target = Path(model_dir) / "gateway" / Path(path).name
+    shutil.copyfile(path, target)
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from keyrank.training.loop import finetune
+
+    result = finetune(config_from(args))
+    print(json.dumps({"out": str(result.out), "model_dir": str(result.model_dir) if result.model_dir else None,
+                      "aggregator": str(result.aggregator) if result.aggregator else None, "dev_before": result.dev_before,
+                      "history": result.history, "best_epoch": result.best_epoch}, indent=2))
+    if args.install_into is not None:
+        if result.aggregator is None:
+            print("--install-into: this run trained no aggregator", file=sys.stderr)
+            return 2
+        print(f"installed {install_aggregator(result.aggregator, args.install_into)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,107 @@
+"""The model under training, behind the same wrapper ``keyrank prepare`` exports.
+
+The forward that training differentiates is the export's own module
+(``LogitsAndPooled``: the HF model, its logits and the vector its final Linear
+reads; ``YesNoLastToken`` for decoder rerankers), so what is trained is what
+the ONNX graph computes. Document scores per strategy: one sequence (firstp,
+keyb2), the max over windows (maxp), or a PARADE aggregator over the windows'
+pooled vectors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from keyrank.onnx_export import _final_linear, _load, _wrapper_classes
+from keyrank.scoring import ModelInputs
+from keyrank.template import DECODER_TYPES, InputTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Sequences of some documents, right-padded to the longest."""
+
+    input_ids: torch.Tensor
+    """int64 [N, L]."""
+    attention_mask: torch.Tensor
+    """int64 [N, L] 1 on tokens, 0 on padding."""
+    token_type_ids: torch.Tensor
+    """int64 [N, L] 0 on padding."""
+
+    @classmethod
+    def of(cls, inputs: ModelInputs, pad_id: int, device: torch.device | str = "cpu") -> Batch:
+        width = max(len(ids) for ids in inputs.ids)
+        ids = np.full((len(inputs), width), pad_id, np.int64)
+        mask = np.zeros((len(inputs), width), np.int64)
+        types = np.zeros((len(inputs), width), np.int64)
+        for row, (row_ids, row_types) in enumerate(zip(inputs.ids, inputs.types)):
+            ids[row, : len(row_ids)], types[row, : len(row_ids)], mask[row, : len(row_ids)] = row_ids, row_types, 1
+        return cls(*(torch.from_numpy(a).to(device) for a in (ids, mask, types)))
+
+
+class CrossEncoder(torch.nn.Module):
+    """A Hugging Face reranker checkpoint: ``forward(batch) -> (relevance [N], pooled [N, H])``."""
+
+    def __init__(self, checkpoint: Path, template: InputTemplate, probe: ModelInputs):
+        super().__init__()
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+        )
+
+        logits_and_pooled, _, yes_no = _wrapper_classes()
+        decoder = AutoConfig.from_pretrained(checkpoint).model_type in DECODER_TYPES
+        self.hf = _load(AutoModelForCausalLM if decoder else AutoModelForSequenceClassification, checkpoint)
+        self.tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        self.template = template
+        if decoder:
+            self.wrapper = yes_no(self.hf, *template.yes_no)
+        else:
+            batch = Batch.of(probe, template.pad_id)
+            _, head = _final_linear(self.hf, (batch.input_ids, batch.attention_mask, batch.token_type_ids))
+            self.wrapper = logits_and_pooled(self.hf, head)
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, pooled = self.wrapper(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        return logits.reshape(logits.shape[0], -1)[:, -1], pooled
+
+    def save(self, folder: Path) -> None:
+        """A checkpoint folder ``keyrank prepare --model`` reads: weights (fp32), config, tokenizer."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.hf.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+
+def fold(method: str, relevance: torch.Tensor, pooled: torch.Tensor | None, doc_of: np.ndarray, n_docs: int,
+         aggregator: torch.nn.Module | None = None) -> torch.Tensor:
+    """Document scores [n_docs] from sequence scores, as serving aggregates them (aggregate.py)."""
+    if method == "single":
+        if relevance.shape[0] != n_docs:
+            raise ValueError("'single' needs one sequence per document")
+        return relevance
+    if method == "max":
+        index = torch.as_tensor(doc_of, device=relevance.device)
+        init = torch.full((n_docs,), float("-inf"), device=relevance.device, dtype=relevance.dtype)
+        return init.scatter_reduce(0, index, relevance, reduce="amax", include_self=True)
+    if method == "trained":
+        padded, mask = pad_pooled(pooled, doc_of, n_docs)
+        return aggregator(padded, mask)
+    raise ValueError(f"training has no aggregation {method!r}")
+
+
+def pad_pooled(pooled: torch.Tensor, doc_of: np.ndarray, n_docs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Differentiable ``aggregators.pad_by_document``: [S, H] grouped by document -> [D, W, H], [D, W]."""
+    counts = np.bincount(doc_of, minlength=n_docs)
+    slot = np.arange(doc_of.shape[0]) - np.concatenate(([0], np.cumsum(counts)[:-1]))[doc_of]
+    padded = pooled.new_zeros((n_docs, max(1, int(counts.max())), pooled.shape[1]))
+    mask = pooled.new_zeros((n_docs, padded.shape[1]))
+    rows, cols = torch.as_tensor(doc_of, device=pooled.device), torch.as_tensor(slot, device=pooled.device)
+    padded = padded.index_put((rows, cols), pooled)
+    mask[rows, cols] = 1.0
+    return padded, mask

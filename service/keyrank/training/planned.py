@@ -1,0 +1,121 @@
+"""Training inputs, planned by the serving pipeline, and the groups a step trains on.
+
+Each judged query is planned as ONE request over its whole candidate group
+(``Pipeline.plan``, exactly as the server does: BM25's IDF comes from the
+candidate set), so a training sequence is the served sequence. A training
+group is then one relevant document and ``negatives`` sampled non-relevant
+ones of the same query, with all their sequences (MaxP: every window, the
+document's score is the max, as RankLLaMA-MaxP is trained).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from keyrank.pipeline import Pipeline, RerankOptions
+from keyrank.scoring import ModelInputs
+from keyrank.strategies import REGISTRY, StrategySpec
+from keyrank.training.judged import JudgedQuery
+
+TRAINABLE = ("firstp", "maxp", "keyb2", "parade-attn", "parade-transformer")
+"""Strategies ``keyrank finetune`` trains (the scorer, or PARADE's aggregator)."""
+
+
+def planning_strategy(name: str) -> str:
+    """The registry row whose plan a strategy trains on.
+
+    PARADE-Attn/Transformer cut like parade-avg; their own rows need the trained
+    file that training is about to write, so the plan is made with a sibling
+    row of the same cut that needs no trained part."""
+    spec = REGISTRY[name]
+    if not spec.trained_parts:
+        return name
+    return next(s.name for s in REGISTRY.values() if s.cut == spec.cut and s.needs_pooled == spec.needs_pooled and not s.trained_parts)
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedQuery:
+    """A judged query with the model inputs the server would score for it."""
+
+    judged: JudgedQuery
+    """The query, its candidates and grades."""
+    ids: list[np.ndarray]
+    """int32 [n_s] token ids of each sequence (stored narrow; widened when batched)."""
+    types: list[np.ndarray]
+    """int8 [n_s] token types of each sequence."""
+    firsts: np.ndarray
+    """int64 [D + 1] sequences of document d are ``firsts[d]:firsts[d + 1]``."""
+
+    def sequences(self, doc: int) -> range:
+        """Indices of document ``doc``'s sequences."""
+        return range(int(self.firsts[doc]), int(self.firsts[doc + 1]))
+
+    def model_inputs(self, docs: Sequence[int] | None = None) -> ModelInputs:
+        """The sequences of ``docs`` (all when None), in document order, as the scorer takes them."""
+        rows = [s for d in (range(len(self.firsts) - 1) if docs is None else docs) for s in self.sequences(d)]
+        return ModelInputs([self.ids[s].astype(np.int64) for s in rows], [self.types[s].astype(np.int64) for s in rows])
+
+    def doc_of(self, docs: Sequence[int] | None = None) -> np.ndarray:
+        """int64 [S] position in ``docs`` of each sequence of ``model_inputs(docs)``."""
+        docs = range(len(self.firsts) - 1) if docs is None else docs
+        return np.repeat(np.arange(len(docs)), [len(self.sequences(d)) for d in docs])
+
+
+def plan_query(pipeline: Pipeline, judged: JudgedQuery, strategy: str, selector: str | None = None,
+               cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None) -> PlannedQuery:
+    """One request's plan, kept as compact arrays."""
+    plan = pipeline.plan(judged.query, list(judged.texts), RerankOptions(strategy=planning_strategy(strategy), selector=selector),
+                         cross_scorer=cross_scorer)
+    counts = np.bincount(plan.doc_of, minlength=len(judged.texts))
+    return PlannedQuery(
+        judged,
+        [ids.astype(np.int32) for ids in plan.inputs.ids],
+        [types.astype(np.int8) for types in plan.inputs.types],
+        np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
+    )
+
+
+def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], strategy: str, selector: str | None = None,
+             cross_scorer=None, *, desc: str = "plan", progress: bool = True) -> list[PlannedQuery]:
+    """Every query planned (a progress bar: a QMSum query group is ~12k tokens to cut and select)."""
+    return [plan_query(pipeline, q, strategy, selector, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingGroup:
+    """What one loss term compares: a relevant document first, then non-relevant ones."""
+
+    query: int
+    """Index of the planned query."""
+    docs: tuple[int, ...]
+    """Candidate indices: ``docs[0]`` relevant, the rest not."""
+
+
+def epoch_groups(queries: Sequence[PlannedQuery], *, epoch: int, seed: int, negatives: int,
+                 max_groups: int | None = None) -> list[TrainingGroup]:
+    """The epoch's groups in training order: a pure function of (seed, epoch), so a resumed run
+    replays the same order and skips what it had done."""
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = [i for i, q in enumerate(queries) if q.judged.trainable]
+    rng.shuffle(order)
+    if max_groups is not None:
+        order = order[:max_groups]
+    groups = []
+    for i in order:
+        judged = queries[i].judged
+        positive = rng.choice(judged.positives)
+        negs = judged.negatives
+        groups.append(TrainingGroup(i, (positive, *rng.sample(negs, min(negatives, len(negs))))))
+    return groups
+
+
+def spec_of(strategy: str) -> StrategySpec:
+    """The registry row of a trainable strategy."""
+    if strategy not in TRAINABLE:
+        raise ValueError(f"cannot train strategy {strategy!r}; expected one of {', '.join(TRAINABLE)}")
+    return REGISTRY[strategy]

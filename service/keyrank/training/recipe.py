@@ -1,0 +1,148 @@
+"""What a fine-tuning run is: the model, the data, the strategy, the loss and the schedule.
+
+Defaults follow the recipe that trained ce-minilm-l6 (listwise softmax CE,
+AdamW, 10% warm-up then linear decay) at a fine-tuning learning rate, and KeyB's
+setting (the selected blocks as one 512-token sequence).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from keyrank.tokenize import TextTokenizer
+from keyrank.training import splits
+from keyrank.training.judged import JudgedQuery, from_trec
+
+DEFAULT_DATA_DIR = Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets"))
+"""Where the evaluation's task builders read QMSum and DL20."""
+TREC_DEV_SALT = "keyrank/trec-dev/"
+"""Salt of the dev carve-out of TREC-file queries (by query id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrecFiles:
+    """Judged data as a search engineer has it."""
+
+    qrels: Path
+    """TREC qrels (``qid 0 docid grade``)."""
+    docs: Path
+    """JSONL of ``{"id", "text"}`` documents."""
+    queries: Path
+    """TSV ``qid<TAB>text`` or JSONL ``{"id", "text"}`` queries."""
+    run: Path | None = None
+    """Optional TREC run: its top ``depth`` documents join the judged ones as candidates."""
+    depth: int = 100
+    """Run depth read."""
+    relevant_from: int = 1
+    """Lowest grade that counts as relevant (TREC DL: 2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FinetuneConfig:
+    """One ``keyrank finetune`` run."""
+
+    model: str
+    """Starting checkpoint: a Hugging Face folder or hub id (any reranker ``keyrank prepare`` exports)."""
+    out: Path
+    """Run folder: model/ (the fine-tuned checkpoint), base/, cache/, state/, training.json."""
+    strategy: str = "keyb2"
+    """What is trained: keyb2, maxp, firstp (the scorer) or parade-attn, parade-transformer (the aggregator)."""
+    selector: str | None = "bm25"
+    """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
+    tasks: tuple[str, ...] = ()
+    """Training sets from the evaluation's builders: qmsum (train meetings), farrel (train DL20 topics)."""
+    trec: TrecFiles | None = None
+    """Training set from TREC files."""
+    data_dir: Path = DEFAULT_DATA_DIR
+    """Folder of qmsum/ and trec-dl20-passage/ for ``tasks``."""
+    farrel_seeds: tuple[int, ...] = (0,)
+    """Far-relevant constructions per train topic (each seed draws other inserts and filler)."""
+    farrel_offsets: tuple[int, ...] = (0, 512, 1024, 2048, 3072)
+    """Token offsets of the relevant insert in far-relevant training documents."""
+    max_queries: int | None = None
+    """Keep at most this many training queries (a seeded draw), to bound planning and caches."""
+    loss: str = "listwise"
+    """``listwise`` (softmax CE, relevant vs sampled negatives) or ``hinge`` (KeyB's pairwise)."""
+    margin: float = 1.0
+    """Hinge margin."""
+    negatives: int = 3
+    """Non-relevant documents sampled per group (fewer when the query has fewer)."""
+    distill: float = 0.0
+    """Weight of distillation from the base model's MaxP scores (0 = off)."""
+    temperature: float = 1.0
+    """Softmax temperature of the distillation term."""
+    epochs: int = 1
+    """Passes over the training queries (one group per query per epoch)."""
+    max_groups: int | None = None
+    """Groups per epoch at most (None = every trainable query once)."""
+    groups_per_step: int = 8
+    """Groups per optimizer step (gradient accumulation over forwards)."""
+    sequences_per_forward: int = 16
+    """Most sequences in one forward pass (memory; a larger group runs alone)."""
+    lr: float = 2e-5
+    """Encoder learning rate (AdamW)."""
+    aggregator_lr: float = 1e-3
+    """PARADE aggregator learning rate (a small model trained from scratch)."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup: float = 0.1
+    """Share of steps with a linear learning-rate warm-up, then linear decay to 0."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping."""
+    freeze_encoder: bool | None = None
+    """PARADE: keep the cross-encoder fixed and train only the aggregator (None = yes for PARADE)."""
+    seed: int = 0
+    """Seeds sampling, dropout and initialisation; the same seed replays the same run."""
+    checkpoint_every: int = 25
+    """Optimizer steps between resumable checkpoints (state/latest.pt)."""
+    resume: bool = True
+    """Continue from state/latest.pt when it exists."""
+    dev_max_queries: int | None = 40
+    """Dev queries scored after each epoch (a fixed hash-ordered subset; None = all)."""
+    threads: int | None = None
+    """torch CPU threads (None = the cores this process may use)."""
+    device: str | None = None
+    """``cpu`` or ``cuda`` (None = cuda when available)."""
+    progress: bool = True
+    """tqdm progress bars."""
+    settings: dict = field(default_factory=dict)
+    """Pipeline settings overrides (keyb2_budget_tokens, ...); serving must use the same."""
+
+    @property
+    def trains_encoder(self) -> bool:
+        """Whether the cross-encoder's weights change (else only an aggregator does)."""
+        if not self.strategy.startswith("parade-"):
+            return True
+        return self.freeze_encoder is False
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+
+def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[JudgedQuery], list[JudgedQuery]]:
+    """(train, dev) judged queries of the run's sources; dev is never trained on."""
+    train: list[JudgedQuery] = []
+    dev: list[JudgedQuery] = []
+    for task in config.tasks:
+        seeds = config.farrel_seeds if task == "farrel" else (config.seed,)
+        for seed in seeds:
+            t, d = splits.build(task, config.data_dir, tokenizer, seed=seed, offsets=config.farrel_offsets)
+            train += t
+            dev += d
+    if config.trec is not None:
+        f = config.trec
+        queries = from_trec(f.qrels, f.docs, f.queries, run_path=f.run, depth=f.depth, relevant_from=f.relevant_from)
+        in_dev = lambda q: zlib.crc32((TREC_DEV_SALT + q.group).encode()) % 100 < splits.DEV_PERCENT
+        train += [q for q in queries if not in_dev(q)]
+        dev += [q for q in queries if in_dev(q)]
+    if not train:
+        raise ValueError("no training data: name --task qmsum/farrel or give --qrels/--docs/--queries")
+    if config.max_queries is not None and len(train) > config.max_queries:
+        train = random.Random(config.seed).sample(train, config.max_queries)
+    dev = sorted((q for q in dev if q.trainable), key=lambda q: zlib.crc32(q.qid.encode()))[: config.dev_max_queries]
+    return train, dev

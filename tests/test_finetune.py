@@ -1,0 +1,182 @@
+"""`keyrank finetune` on a tiny BERT built here: it learns an answer only keyb2 can read, the
+checkpoint it writes exports with ONNX = PyTorch, and it trains on exactly what the server scores."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from families import build_family
+from keyrank.config import Settings
+from keyrank.pipeline import Pipeline, RerankOptions
+from keyrank.scoring import ModelInputs, Scores
+from keyrank.training.judged import from_trec
+from keyrank.training.planned import plan_query
+
+# Each query's answer; the relevant document holds it (a few times, one block's worth) only after
+# ~700 filler tokens, so FirstP never reads it while BM25 selects it for keyb2.
+NEEDLES = (
+    ("where is the capital of france", "Paris is the capital of France."),
+    ("at what temperature does water boil", "Water boils at 100 degrees Celsius at sea level."),
+    ("how do i reset my password", "Open the settings page and choose Forgot password to reset it."),
+    ("what does photosynthesis convert", "Photosynthesis converts light energy into chemical energy."),
+)
+FILLER = (
+    "The quick brown fox jumps over the lazy dog.", "Dogs are loyal animals that people keep as pets.",
+    "Search engines rank documents by relevance.", "The price rose by 3.5% to $1,250 - a record.",
+    "Who wrote the book? When did the war end?", "A cat is a small mammal with soft fur.",
+)
+QUERIES = 12
+DOCS_PER_QUERY = 4
+
+
+def _toy_trec(folder: Path) -> tuple[Path, Path, Path]:
+    """qrels, docs.jsonl, queries.tsv: one relevant document (answer past token 512) and three without."""
+    rng = random.Random(0)
+    filler = lambda n: " ".join(rng.choice(FILLER) for _ in range(n))
+    docs, qrels, queries = [], [], []
+    for q in range(QUERIES):
+        query, needle = NEEDLES[q % len(NEEDLES)]
+        queries.append(f"q{q}\t{query}")
+        for d in range(DOCS_PER_QUERY):
+            middle = " ".join([needle] * 12) if d == 0 else filler(12)
+            docs.append(json.dumps({"id": f"q{q}-d{d}", "text": f"{filler(60)} {middle} {filler(10)}"}))
+            qrels.append(f"q{q} 0 q{q}-d{d} {int(d == 0)}")
+    paths = folder / "qrels.txt", folder / "docs.jsonl", folder / "queries.tsv"
+    for path, lines in zip(paths, (qrels, docs, queries)):
+        path.write_text("\n".join(lines) + "\n")
+    return paths
+
+
+def _tiny_bert(folder: Path) -> Path:
+    """The families' tiny BERT without dropout: a toy task should learn in a few dozen steps."""
+    path = build_family("bert", folder)
+    config = json.loads((path / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    return {"root": root, "model": _tiny_bert(root / "tiny-bert"), "trec": _toy_trec(root)}
+
+
+@pytest.fixture(scope="module")
+def trained(toy):
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+
+    torch.set_num_threads(2)
+    return finetune(
+        model=str(toy["model"]), out=toy["root"] / "run", strategy="keyb2", selector="bm25", trec=TrecFiles(*toy["trec"]),
+        epochs=3, lr=5e-3, groups_per_step=2, sequences_per_forward=8, seed=0, progress=False, threads=2,
+        dev_max_queries=None,
+    )
+
+
+def _pipeline(model_dir: Path) -> Pipeline:
+    return Pipeline.from_model_dir(Settings(model_dir=model_dir))
+
+
+def _contains(ids: np.ndarray, needle: np.ndarray) -> bool:
+    windows = np.lib.stride_tricks.sliding_window_view(ids, len(needle))
+    return bool((windows == needle).all(axis=1).any())
+
+
+def test_the_answer_sits_past_token_512_where_only_keyb2_reads_it(trained, toy):
+    pipeline = _pipeline(trained.out / "base")
+    queries = from_trec(*toy["trec"])
+    for judged in queries[:4]:
+        needle = pipeline.tokenizer.encode_documents([NEEDLES[int(judged.qid.split("q")[-1]) % len(NEEDLES)][1]])[0].ids
+        relevant = judged.positives[0]
+        doc = pipeline.tokenizer.encode_documents([judged.texts[relevant]])[0].ids
+        first = next(i for i in range(len(doc)) if np.array_equal(doc[i : i + len(needle)], needle))
+        assert first > 512
+        keyb2 = plan_query(pipeline, judged, "keyb2", "bm25")
+        firstp = plan_query(pipeline, judged, "firstp")
+        assert _contains(keyb2.ids[keyb2.sequences(relevant)[0]], needle)
+        assert not _contains(firstp.ids[firstp.sequences(relevant)[0]], needle)
+
+
+def test_finetune_loss_goes_down_and_the_dev_ranking_follows(trained):
+    losses = [epoch["loss"] for epoch in trained.history]
+    assert len(losses) == 3
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert trained.history[-1]["dev"]["RR@10"] >= trained.dev_before["RR@10"]
+    report = json.loads((trained.out / "training.json").read_text())
+    assert report["history"] == trained.history and report["timings"]["export_max_abs_diff"] <= 1e-3
+
+
+def test_written_checkpoint_exports_and_its_onnx_scores_match_pytorch(trained, toy, tmp_path):
+    from keyrank.export import prepare
+    from keyrank.scoring.local import LocalScorer
+    from keyrank.training.model import Batch, CrossEncoder
+
+    assert (trained.model_dir / "config.json").is_file() and (trained.model_dir / "tokenizer.json").is_file()
+    prepare(str(trained.model_dir), tmp_path / "models", bi_encoder=None)
+    pipeline = _pipeline(tmp_path / "models")
+    judged = from_trec(*toy["trec"])[0]
+    inputs = plan_query(pipeline, judged, "keyb2", "bm25").model_inputs()
+    served = LocalScorer(tmp_path / "models" / "triton" / "cross_encoder" / "1" / "model.onnx", pad_id=pipeline.template.pad_id)
+    onnx_scores = served.score_sync(inputs, want_pooled=False).logits
+    probe = pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
+    model = CrossEncoder(trained.model_dir, pipeline.template, probe).eval()
+    with torch.no_grad():
+        torch_scores = model(Batch.of(inputs, pipeline.template.pad_id))[0].numpy()
+    np.testing.assert_allclose(onnx_scores, torch_scores, atol=1e-4)
+    # Trained, not a copy of the start: the fine-tuned weights score differently.
+    assert not np.allclose(torch_scores, _start_scores(toy["model"], pipeline, inputs), atol=1e-3)
+
+
+def _start_scores(model_dir: Path, pipeline: Pipeline, inputs: ModelInputs) -> np.ndarray:
+    from keyrank.training.model import Batch, CrossEncoder
+
+    probe = pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
+    with torch.no_grad():
+        return CrossEncoder(model_dir, pipeline.template, probe).eval()(Batch.of(inputs, pipeline.template.pad_id))[0].numpy()
+
+
+class RecordingScorer:
+    """The real in-process scorer, keeping what the server sent it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen: list[ModelInputs] = []
+
+    async def score(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float) -> Scores:
+        self.seen.append(inputs)
+        return await self.inner.score(inputs, want_pooled=want_pooled, deadline=deadline)
+
+    async def ready(self, timeout: float) -> bool:
+        return await self.inner.ready(timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("strategy,selector", [("keyb2", "bm25"), ("maxp", None), ("firstp", None)])
+def test_training_inputs_are_the_served_inputs(trained, toy, strategy, selector):
+    from keyrank.reranker import Reranker
+
+    model_dir = trained.out / "base"
+    served = Reranker.local(model_dir)
+    recorder = RecordingScorer(served.scorer)
+    served.scorer = recorder
+    pipeline = _pipeline(model_dir)
+    for judged in from_trec(*toy["trec"])[:2]:
+        recorder.seen.clear()
+        served.rank(judged.query, list(judged.texts), strategy=strategy, selector=selector)
+        (sent,) = recorder.seen
+        trained_on = plan_query(pipeline, judged, strategy, selector).model_inputs()
+        assert len(sent) == len(trained_on) >= len(judged.texts)
+        for a, b, ta, tb in zip(sent.ids, trained_on.ids, sent.types, trained_on.types):
+            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(ta, tb)
+        assert any(t.any() for t in trained_on.types)  # BERT's document part is type 1: compared, not all zeros
+    served.close()
