@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("prepare", help="export a cross-encoder (+ bi-encoder) to ONNX and write the Triton repositories", add_help=False)
     _serve_parser(commands, get_settings())
+    commands.add_parser("finetune", help="fine-tune a reranker (or train a PARADE aggregator) on judged data, on the served inputs", add_help=False)
     commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
 
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         from keyrank.bench import main as bench_main
 
         return bench_main(rest) or 0
+
+    if argv and argv[0] == "finetune":  # owns its flags too (keyrank.training.cli)
+        from keyrank.training.cli import main as finetune_main
+
+        return finetune_main(argv[1:])
 
     args = parser.parse_args(argv)
     return args.run(args)
