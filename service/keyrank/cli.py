@@ -53,10 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("finetune", help="fine-tune a reranker (or train a PARADE aggregator) on judged data, on the served inputs", add_help=False)
     commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
+    commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)
 
-    # prepare / eval / bench own their flags: hand them the rest of the line.
-    if argv and argv[0] in ("prepare", "eval", "bench"):
+    # prepare / eval / bench / guard own their flags: hand them the rest of the line.
+    if argv and argv[0] in ("prepare", "eval", "bench", "guard"):
         command, rest = argv[0], argv[1:]
+        if command == "guard":
+            from keyrank.guard import main as guard_main
+
+            return guard_main(rest)
         if command == "prepare":
             from keyrank.export import main as prepare_main
 
