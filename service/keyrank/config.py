@@ -93,6 +93,7 @@ class Settings(BaseSettings):
     embedded_repair_backoff_s: float = Field(1.0, description="Wait before the 2nd repair in a row, doubling for each further one (capped at 30 s).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
+    triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
 
     def with_overrides(self, **overrides: object) -> Settings:
         """A copy with some fields replaced, validated like the environment would be."""

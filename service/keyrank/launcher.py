@@ -63,11 +63,13 @@ def serve(settings: Settings) -> int:
                 print(f"keyrank serve: cannot start the embedded Triton: {exc}", file=sys.stderr, flush=True)
                 return 1
             _phase(f"embedded Triton {triton.server_id} ready in {waited:.1f} s (supervised)")
-            settings = settings.with_overrides(triton_url=triton.grpc_url)
+            settings = settings.with_overrides(triton_url=triton.grpc_url, triton_server_id=triton.server_id)
         _phase(f"gateway on http://{settings.host}:{settings.port}  (docs: /docs, Triton: {settings.triton_url})")
         if settings.workers > 1:
             # Workers are separate processes: they read their settings from the environment.
             os.environ["KEYRANK_TRITON_URL"] = str(settings.triton_url)
+            if settings.triton_server_id:
+                os.environ["KEYRANK_TRITON_SERVER_ID"] = settings.triton_server_id
             os.environ["KEYRANK_MODEL_DIR"] = str(settings.model_dir)
             uvicorn.run(
                 "keyrank.api:create_app", factory=True, host=settings.host, port=settings.port,

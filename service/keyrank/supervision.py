@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from keyrank.triton_server import EmbeddedTriton
@@ -151,6 +151,14 @@ class TritonAdmin:
         if status == 0:
             return "timeout" if time.monotonic() - t0 >= timeout * 0.9 else "unreachable"
         return answer.decode(errors="replace")[:300]
+
+
+async def serves_as(client: Any, expected_id: str | None, timeout: float) -> bool:
+    """Whether the Triton behind ``client`` (``tritonclient.grpc.aio``) reports ``expected_id`` as its
+    name (its ``--id``); True when no id is expected (an external Triton)."""
+    if not expected_id:
+        return True
+    return (await client.get_server_metadata(client_timeout=timeout)).name == expected_id
 
 
 # --- the supervisor -------------------------------------------------------------------------
