@@ -125,3 +125,22 @@ def test_the_admin_key_differs_per_instance_and_never_appears_in_its_addresses(p
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.triton
+def test_serves_as_tells_our_triton_from_another_over_grpc(embedded_triton):
+    import asyncio
+
+    import tritonclient.grpc.aio as grpc_aio
+    from keyrank.supervision import serves_as
+
+    async def ask(expected: str | None) -> bool:
+        client = grpc_aio.InferenceServerClient(embedded_triton.grpc_url)
+        try:
+            return await serves_as(client, expected, timeout=5)
+        finally:
+            await client.close()
+
+    assert asyncio.run(ask(embedded_triton.server_id))
+    assert not asyncio.run(ask("keyrank-someone-else"))
+    assert asyncio.run(ask(None))  # an external Triton: no id expected
