@@ -30,7 +30,7 @@ from keyrank.triton_repository import MODEL_NAME, write_if_changed, write_reposi
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 """Bump when the graph or the layout changes, so existing exports are redone."""
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """The reranker `keyrank prepare` exports when none is named."""

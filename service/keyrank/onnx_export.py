@@ -338,6 +338,13 @@ def _save_tokenizer(backend, path: Path, truncate_at: int | None) -> None:
     # one (``<think>``, ``[SEP]``) as the plain text it is.
     for token in data.get("added_tokens") or []:
         token["special"] = True
+    # Unigram vocabularies (XLM-R, DeBERTa-v3) hold the special pieces themselves, with the best score
+    # there is (0.0): the text "<s>" would still become <s>. Text must spell them from ordinary pieces.
+    model = data.get("model") or {}
+    if model.get("type") == "Unigram":
+        specials = {t["content"] for t in data.get("added_tokens") or []}
+        floor = min((score for _, score in model["vocab"]), default=0.0) - 100.0
+        model["vocab"] = [[piece, floor if piece in specials else score] for piece, score in model["vocab"]]
     tok = Tokenizer.from_str(json.dumps(data))
     tok.no_padding()
     if truncate_at is None:
