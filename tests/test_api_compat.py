@@ -19,8 +19,9 @@ def test_object_documents_are_read_by_text_or_by_rank_fields_in_their_order():
     assert document_text(doc, None, 0) == "plain"
     assert document_text(doc, ["year", "title"], 0) == "year: 2024\ntitle: Cats"
     assert document_text(doc, ["title", "missing"], 0) == "title: Cats"
-    with pytest.raises(InvalidRequest, match=r"documents\[3\].*rank_fields"):
-        document_text(doc, ["missing"], 3)
+    assert document_text(doc, ["missing"], 0) == "plain"
+    with pytest.raises(InvalidRequest, match=r"documents\[3\].*rank_fields.*text"):
+        document_text({"body": "x"}, ["missing"], 3)
     with pytest.raises(InvalidRequest, match=r"documents\[1\].*text"):
         document_text({"body": "no text field"}, None, 1)
 

@@ -14,7 +14,7 @@ from keyrank.config import Settings
 DEAD_TRITON = "127.0.0.1:1"
 OK = {"query": "what is a cat", "documents": ["a cat is an animal", "the stock market fell"]}
 BODIES = {"/rerank": OK, "/v1/rerank": OK, "/v2/rerank": {**OK, "model": "rerank-v3.5"}}
-LIMITS = dict(max_documents=5, max_document_chars=2_000, max_query_chars=200)
+LIMITS = {"max_documents": 5, "max_document_chars": 2_000, "max_query_chars": 200}
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,15 @@ def test_openapi_carries_the_configured_limits(dead_client, name):
     assert strings == [{"type": "string", "maxLength": 2_000}]
     if name == "RerankRequest":
         assert schemas["DocumentIn"]["properties"]["text"]["maxLength"] == 2_000
+
+
+def test_openapi_offers_only_the_strategies_this_deployment_can_run(dead_client):
+    request = dead_client.get("/openapi.json").json()["components"]["schemas"]["RerankRequest"]
+    offered = next(m["enum"] for m in request["properties"]["strategy"]["anyOf"] if "enum" in m)
+    assert {"firstp", "maxp", "keyb2"} <= set(offered)
+    assert "parade-transformer" not in offered  # no trained aggregator in the prepared models
+    refused = dead_client.post("/rerank", json={**OK, "strategy": "parade-transformer"})
+    assert refused.status_code == 422 and "keyrank finetune" in refused.json()["error"]["message"]
 
 
 def test_openapi_documents_429_and_the_vendor_error_bodies(dead_client):

@@ -18,9 +18,16 @@ checks them and the OpenAPI schema carries them as maxItems/maxLength
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+)
 
 from keyrank.config import Selector, Strategy
 
@@ -59,6 +66,19 @@ def _non_blank(query: str) -> str:
     return query
 
 
+def _whole_number(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: take it as 3 (and nothing else that is not an int)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_whole_number)]
+"""A JSON integer, or a number with no fraction (3.0); never "3" or true."""
+Count = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]  # this order keeps `minimum` in the schema
+"""An ``Integer`` of at least 1."""
+
+
 def _query_field(**extra: Any) -> Any:
     return Field(min_length=1, examples=[_QUERY], json_schema_extra={"pattern": NON_BLANK}, **extra)
 
@@ -93,13 +113,13 @@ class RerankRequest(_Strict):
     """How long documents are read; unset = KEYRANK_DEFAULT_STRATEGY (keyb2)."""
     selector: Selector | None = Field(None, examples=["bm25"])
     """Key-block selector of keyb2; unset = KEYRANK_DEFAULT_SELECTOR (bm25)."""
-    top_n: int | None = Field(None, ge=1, examples=[10])
+    top_n: Count | None = Field(None, examples=[10])
     """Return only the best top_n results; unset = all."""
     return_documents: bool = False
     """Echo each result's text, and the text of its evidence spans."""
     return_evidence: bool = True
     """Return the character spans the score was based on."""
-    max_tokens_per_doc: int | None = Field(None, ge=1, examples=[4096])
+    max_tokens_per_doc: Count | None = Field(None, examples=[4096])
     """Read at most this many tokens of each document; cut documents are flagged `truncated`."""
 
     _query_not_blank = field_validator("query")(_non_blank)
@@ -203,7 +223,14 @@ class RerankResponse(_Wire):
 
 # --------------------------------------------------------------------------- Jina and Cohere v1: /v1/rerank
 
-VendorDocument = str | dict[str, Any]
+_VENDOR_OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "The document text."}},
+    "required": ["text"],
+    "description": "An object document: its `text` is read; with rank_fields, those fields are read instead "
+    "(Cohere v1), and then `text` may be absent.",
+}
+VendorDocument = str | Annotated[dict[str, Any], WithJsonSchema(_VENDOR_OBJECT_SCHEMA)]
 """A string, or an object: its ``text`` field is read, or the ``rank_fields`` as "field: value" lines."""
 
 
@@ -222,15 +249,15 @@ class V1RerankRequest(_Vendor):
     """The search query, non-blank; same limits as POST /rerank."""
     documents: list[VendorDocument] = Field(min_length=1, examples=[_DOCS])
     """Strings, or objects with a ``text`` field (or the ``rank_fields``); same limits as POST /rerank."""
-    top_n: int | None = Field(None, ge=1)
+    top_n: Count | None = None
     """Return only the best top_n results; unset = all."""
     return_documents: bool = True
     """Echo each result's document (Jina's default: true)."""
     rank_fields: list[str] | None = None
     """Cohere v1: the fields of object documents that are read, as "field: value" lines; unset = ``text``."""
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: Count | None = None
     """Read at most this many tokens of each document."""
-    max_chunks_per_doc: int | None = Field(None, ge=1)
+    max_chunks_per_doc: Count | None = None
     """Cohere v1: accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
     return_embeddings: bool | None = None
     """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
@@ -319,17 +346,17 @@ class CohereRerankRequest(_Vendor):
     """The search query, non-blank; same limits as POST /rerank."""
     documents: list[VendorDocument] = Field(min_length=1, examples=[_DOCS])
     """Strings (objects as on /v1/rerank are accepted too); same limits as POST /rerank."""
-    top_n: int | None = Field(None, ge=1)
+    top_n: Count | None = None
     """Return only the best top_n results; unset = all."""
-    max_tokens_per_doc: int | None = Field(None, ge=1)
+    max_tokens_per_doc: Count | None = None
     """Read at most this many tokens of each document; unset = as the strategy reads (Cohere cuts at 4096)."""
     return_documents: bool = False
     """Echo each result's document (sent by older clients; Cohere's v2 default: false)."""
     rank_fields: list[str] | None = None
     """As on /v1/rerank, for object documents."""
-    priority: int | None = None
+    priority: Integer | None = None
     """Cohere: accepted and ignored; every admitted request is served in arrival order."""
-    max_chunks_per_doc: int | None = Field(None, ge=1)
+    max_chunks_per_doc: Count | None = None
     """Accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
 
     _query_not_blank = field_validator("query")(_non_blank)

@@ -24,19 +24,21 @@ SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on
 
 def create_app(settings: Settings | None = None, reranker: Reranker | None = None) -> FastAPI:
     """The gateway. Without ``reranker`` the lifespan builds one from ``settings`` and closes it;
-    a reranker passed in belongs to the caller and is left open."""
+    a reranker passed in (or put on ``app.state.reranker`` before start) belongs to the caller and is left open."""
     settings = settings or get_settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if reranker is not None:
+        if app.state.reranker is not None:
             yield
             return
-        app.state.reranker = Reranker(settings)
+        app.state.reranker = built = Reranker(settings)
         try:
             yield
         finally:
-            await app.state.reranker.aclose()
+            await built.aclose()
+            if app.state.reranker is built:
+                app.state.reranker = None
 
     app = FastAPI(title="keyrank", summary=SUMMARY, version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings

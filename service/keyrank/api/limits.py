@@ -2,7 +2,9 @@
 
 Each answer is a 422 that names the field and the setting; the same limits are
 written into the OpenAPI schema as maxItems/maxLength (``openapi_limits``), so
-a client generated from the schema cannot exceed them.
+a client generated from the schema cannot exceed them. The schema's strategy
+enum likewise lists only the strategies this deployment can run (a trained
+strategy needs its trained part under models/gateway/).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from keyrank.config import Settings
 from keyrank.errors import LimitExceeded
+from keyrank.strategies import REGISTRY
 
 REQUEST_SCHEMAS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest")
 """OpenAPI components whose ``query`` and ``documents`` the limits apply to."""
@@ -43,7 +46,20 @@ def openapi_limits(schema: dict[str, Any], settings: Settings) -> dict[str, Any]
             for member in documents.get("items", {}).get("anyOf", []):
                 if member.get("type") == "string":
                     member["maxLength"] = settings.max_document_chars
+                elif "text" in member.get("properties", {}):  # the vendors' object documents
+                    member["properties"]["text"]["maxLength"] = settings.max_document_chars
     text = components.get("DocumentIn", {}).get("properties", {}).get("text")
     if text is not None:
         text["maxLength"] = settings.max_document_chars
+    strategy = components.get("RerankRequest", {}).get("properties", {}).get("strategy", {})
+    for member in strategy.get("anyOf", []):
+        if "enum" in member:
+            member["enum"] = [name for name in member["enum"] if name in servable_strategies(settings)]
     return schema
+
+
+def servable_strategies(settings: Settings) -> list[str]:
+    """The registry's strategies whose trained parts (if any) are in the prepared model folder."""
+    return [
+        spec.name for spec in REGISTRY.values() if all((settings.gateway_dir / part).exists() for part in spec.trained_parts)
+    ]

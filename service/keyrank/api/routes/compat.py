@@ -79,22 +79,19 @@ async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
 
 
 def document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:
-    """The text a vendor document is ranked by: the string; an object's ``text``; or, with
-    ``rank_fields``, those fields as "field: value" lines in that order (as Cohere v1 reads them)."""
+    """The text a vendor document is ranked by: the string; an object's ``rank_fields`` as "field: value"
+    lines in that order (as Cohere v1 reads them); else, or when it has none of them, its ``text``."""
     if isinstance(document, str):
         return document
     field = f"documents[{index}]"
-    if rank_fields:
-        lines = [f"{name}: {_as_text(document[name])}" for name in rank_fields if name in document]
-        if not lines:
-            raise InvalidRequest(f"{field}: has none of the rank_fields {rank_fields}", field=field)
+    lines = [f"{name}: {_as_text(document[name])}" for name in rank_fields or () if name in document]
+    if lines:
         return "\n".join(lines)
     text = document.get("text")
     if not isinstance(text, str):
+        wanted = f"none of the rank_fields {rank_fields} and " if rank_fields else ""
         raise InvalidRequest(
-            f"{field}: an object document needs a string `text` field (or name its fields in rank_fields); "
-            "only text documents are supported",
-            field=field,
+            f"{field}: {wanted}no string `text` field; only text documents are supported", field=field
         )
     return text
 

@@ -1,0 +1,38 @@
+"""Schemathesis over the OpenAPI schema: generated requests (valid and invalid, at most 30 per
+operation and phase) sent over real HTTP to a gateway on the session's Triton get no server error
+and answers that conform to the schema (status codes, content types, headers, bodies).
+
+The gateway's limits are set small, so the schema's maxItems/maxLength bound what is generated
+and every valid request is cheap to score. The schema is the app's own (``app.openapi()``), read
+at import: schemathesis parametrizes at collection time, before any fixture exists.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from keyrank.api import create_app
+from keyrank.config import Settings
+from live_gateway import live_gateway
+
+schemathesis = pytest.importorskip("schemathesis")
+
+pytestmark = pytest.mark.triton
+
+LIMITS = {"max_documents": 4, "max_document_chars": 300, "max_query_chars": 100}
+schema = schemathesis.openapi.from_dict(create_app(Settings(model_dir=Path("unused"), **LIMITS)).openapi())
+
+
+@pytest.fixture(scope="module")
+def small_gateway(prepared_models, embedded_triton):
+    settings_ = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url, **LIMITS)
+    with live_gateway(settings_) as url:
+        yield url
+
+
+@schema.parametrize()
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_generated_requests_get_no_server_error_and_conforming_answers(case, small_gateway):
+    case.call_and_validate(base_url=small_gateway)
