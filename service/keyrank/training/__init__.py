@@ -10,6 +10,8 @@ sequence for the same query and document are the same ids and token types.
     model.py    the HF model behind the export's own wrapper; document scores per strategy
     losses.py   pairwise hinge (KeyB), listwise softmax CE, distillation
     cache.py    teacher MaxP scores and frozen pooled vectors, computed once, kept on disk
+    recipe.py   FinetuneConfig (every knob, with its default) and the data it loads
+    state.py    the resumable checkpoint (weights, optimizer, schedule, RNG, position)
     loop.py     the loop: seeded, resumable, progress bar, dev metric every epoch
     parade.py   PARADE-Attn / PARADE-Transformer modules and their ONNX export
     cli.py      the command line

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import shutil
 import sys
@@ -38,6 +37,7 @@ from keyrank.training.planned import (
     spec_of,
 )
 from keyrank.training.recipe import FinetuneConfig, load_judged
+from keyrank.training.state import restore_state, save_state
 
 DEV_MEASURES = ("nDCG@10", "RR@10")
 """Dev metrics reported every epoch (ir-measures, as `keyrank eval`); the first picks the epoch kept."""
@@ -59,6 +59,8 @@ class FinetuneResult:
     """Dev metrics of the starting model, same scoring."""
     best_epoch: int | None = None
     """The epoch whose weights were written (by the first dev measure)."""
+    finished: bool = False
+    """False when ``stop_after_steps`` ended this invocation early (run it again to continue)."""
 
 
 class _Run:
@@ -102,7 +104,8 @@ class _Run:
         c = self.config
         if c.trains_encoder:
             probe = self.pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
-            self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe).to(self.device).train()
+            self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe, attention_dropout=c.attention_dropout)
+            self.encoder = self.encoder.to(self.device).train()
         if self.spec.aggregation == "trained":
             with np.load(self.out / "base" / "gateway" / "classifier_head.npz") as head:
                 weight, bias = head["weight"], head["bias"]
@@ -260,20 +263,22 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     scheduler = _schedule(optimizer, c.epochs * steps_per_epoch, c.warmup)
     state_path = run.out / "state" / "latest.pt"
     result = FinetuneResult(run.out, None, None)
-    position = {"epoch": 0, "groups_done": 0, "step": 0, "best": None}
+    position = {"epoch": 0, "groups_done": 0, "step": 0, "best": None, "losses": [], "pairs": 0, "seconds": 0.0}
     if c.resume and state_path.exists():
-        position = _restore(run, optimizer, scheduler, state_path, result)
+        position = restore_state(run, optimizer, scheduler, state_path, result)
         log(f"resumed at epoch {position['epoch']}, group {position['groups_done']} (step {position['step']})")
     else:
         result.dev_before = run.evaluate(dev)
         log(f"dev before training: {result.dev_before}")
 
-    started = time.perf_counter()
+    started, steps_now = time.perf_counter(), 0
     for epoch in range(position["epoch"], c.epochs):
         groups = epoch_groups(train, epoch=epoch, seed=c.seed, negatives=c.negatives, max_groups=c.max_groups)
         bar = tqdm(total=len(groups), initial=position["groups_done"], desc=f"epoch {epoch + 1}/{c.epochs}", unit="group",
                    disable=not c.progress, mininterval=2.0)
-        losses, pairs_seen, epoch_started = [], 0, time.perf_counter()
+        # An epoch cut by an interruption keeps its losses and pace across the restart.
+        losses, pairs_seen = position["losses"], position["pairs"]
+        epoch_started = time.perf_counter() - position["seconds"]
         for first in range(position["groups_done"], len(groups), c.groups_per_step):
             step_groups = groups[first : first + c.groups_per_step]
             loss, pairs = run.step_loss(train, step_groups)
@@ -284,11 +289,18 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss)
             pairs_seen += pairs
-            position.update(groups_done=first + len(step_groups), step=position["step"] + 1)
+            position.update(groups_done=first + len(step_groups), step=position["step"] + 1, pairs=pairs_seen,
+                            seconds=time.perf_counter() - epoch_started)
+            steps_now += 1
             bar.update(len(step_groups))
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", ex_s=f"{pairs_seen / (time.perf_counter() - epoch_started):.2f}")
-            if position["step"] % c.checkpoint_every == 0:
-                _save_state(run, optimizer, scheduler, position, result, state_path)
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}", ex_s=f"{pairs_seen / position['seconds']:.2f}")
+            stop = c.stop_after_steps is not None and steps_now >= c.stop_after_steps and position["groups_done"] < len(groups)
+            if position["step"] % c.checkpoint_every == 0 or stop:
+                save_state(run, optimizer, scheduler, position, result, state_path)
+            if stop:
+                bar.close()
+                log(f"stopped after {steps_now} steps as asked (epoch {epoch + 1}, group {position['groups_done']}); run again to continue")
+                return result
         bar.close()
         seconds = time.perf_counter() - epoch_started
         dev_metrics = run.evaluate(dev)
@@ -301,11 +313,12 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
             position["best"] = key
             result.best_epoch = epoch + 1
             _write_outputs(run, result)
-        position.update(epoch=epoch + 1, groups_done=0)
-        _save_state(run, optimizer, scheduler, position, result, state_path)
+        position.update(epoch=epoch + 1, groups_done=0, losses=[], pairs=0, seconds=0.0)
+        save_state(run, optimizer, scheduler, position, result, state_path)
     timings["train_s"] = time.perf_counter() - started
     if result.best_epoch is not None and (result.model_dir or result.aggregator):
         _check_export(run, result, timings)
+    result.finished = True
     _write_report(run, result, timings, len(train), len(dev))
     return result
 
@@ -343,40 +356,6 @@ def _check_export(run: _Run, result: FinetuneResult, timings: dict) -> None:
         manifest = prepare(str(result.model_dir), run.out / "prepared", bi_encoder=None)
         timings["export_max_abs_diff"] = manifest["cross_encoder"]["onnx_max_abs_diff"]
     timings["export_s"] = time.perf_counter() - started
-
-
-def _save_state(run: _Run, optimizer, scheduler, position: dict, result: FinetuneResult, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {
-        "position": dict(position), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "encoder": run.encoder.hf.state_dict() if run.encoder is not None else None,
-        "aggregator": run.aggregator.state_dict() if run.aggregator is not None else None,
-        "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
-        "history": result.history, "dev_before": result.dev_before, "best_epoch": result.best_epoch,
-        "config": run.config.to_json(),
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def _restore(run: _Run, optimizer, scheduler, path: Path, result: FinetuneResult) -> dict:
-    state = torch.load(path, map_location=run.device, weights_only=False)
-    if run.encoder is not None and state["encoder"] is not None:
-        run.encoder.hf.load_state_dict(state["encoder"])
-    if run.aggregator is not None and state["aggregator"] is not None:
-        run.aggregator.load_state_dict(state["aggregator"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    np.random.set_state(state["rng"]["numpy"])
-    torch.set_rng_state(state["rng"]["torch"])
-    result.history, result.dev_before, result.best_epoch = state["history"], state["dev_before"], state["best_epoch"]
-    if result.best_epoch is not None:
-        result.model_dir = run.out / "model" if (run.out / "model").is_dir() else None
-        agg = run.out / f"{run.config.strategy}.onnx"
-        result.aggregator = agg if agg.exists() else None
-    return state["position"]
 
 
 def _write_report(run: _Run, result: FinetuneResult, timings: dict, n_train: int, n_dev: int) -> None:

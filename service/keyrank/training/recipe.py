@@ -94,12 +94,16 @@ class FinetuneConfig:
     """Share of steps with a linear learning-rate warm-up, then linear decay to 0."""
     max_grad_norm: float = 1.0
     """Gradient clipping."""
+    attention_dropout: float | None = 0.0
+    """Attention-probability dropout while training (None = the checkpoint's; 0 is ~1.5x faster on CPU)."""
     freeze_encoder: bool | None = None
     """PARADE: keep the cross-encoder fixed and train only the aggregator (None = yes for PARADE)."""
     seed: int = 0
     """Seeds sampling, dropout and initialisation; the same seed replays the same run."""
     checkpoint_every: int = 25
     """Optimizer steps between resumable checkpoints (state/latest.pt)."""
+    stop_after_steps: int | None = None
+    """End this invocation after so many optimizer steps, state saved (time-boxing on a shared machine)."""
     resume: bool = True
     """Continue from state/latest.pt when it exists."""
     dev_max_queries: int | None = 40
