@@ -1,0 +1,57 @@
+"""Wire format of the HTTP API: requests and responses, apart from any logic.
+
+One module per dialect, like api/routes/: native.py, compat.py, errors.py; common.py holds
+what they share.
+
+Three dialects map onto the same pipeline:
+- ``POST /rerank``: keyrank's own shape (strategy, selector, evidence, timings);
+- ``POST /v1/rerank``: Jina AI's rerank shape, and Cohere's v1 shape that extends it;
+- ``POST /v2/rerank``: Cohere's v2 rerank shape.
+
+Each field's docstring is its description on the OpenAPI page
+(``use_attribute_docstrings``). Requests are validated in strict mode: a value
+of the wrong JSON type is an error, never coerced ("3" is not an integer).
+keyrank's own shape rejects unknown fields; the vendor shapes accept them
+(a newer SDK may send more) and the answer names them in
+``X-Keyrank-Ignored-Fields``. Limits that depend on settings (documents per
+request, characters per document and query) are not here: api/limits.py
+checks them and the OpenAPI schema carries them as maxItems/maxLength
+(api/app.py), so the message can name the setting that sets them.
+"""
+
+from keyrank.schemas.compat import (
+    CohereApiVersion,
+    CohereBilledUnits,
+    CohereMeta,
+    CohereRerankRequest,
+    CohereRerankResponse,
+    JinaUsage,
+    V1RerankRequest,
+    V1RerankResponse,
+    VendorDocument,
+    VendorDocumentOut,
+    VendorResult,
+)
+from keyrank.schemas.errors import (
+    CohereErrorResponse,
+    ErrorBody,
+    ErrorResponse,
+    V1ErrorResponse,
+)
+from keyrank.schemas.native import (
+    DocumentIn,
+    DocumentOut,
+    EvidenceOut,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    TimingsOut,
+    UsageOut,
+)
+
+__all__ = [
+    "CohereApiVersion", "CohereBilledUnits", "CohereErrorResponse", "CohereMeta", "CohereRerankRequest",
+    "CohereRerankResponse", "DocumentIn", "DocumentOut", "ErrorBody", "ErrorResponse", "EvidenceOut", "JinaUsage",
+    "RerankRequest", "RerankResponse", "RerankResult", "TimingsOut", "UsageOut", "V1ErrorResponse",
+    "V1RerankRequest", "V1RerankResponse", "VendorDocument", "VendorDocumentOut", "VendorResult",
+]

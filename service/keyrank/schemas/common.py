@@ -1,0 +1,58 @@
+"""What the wire types share: base classes (strict requests), integer and query fields, examples."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+EXAMPLE_QUERY = "what is the capital of the united states"
+EXAMPLE_DOCS = [
+    "Carson City is the capital city of the American state of Nevada.",
+    "Washington, D.C. is the capital of the United States. It is a federal district.",
+]
+
+
+class Wire(BaseModel):
+    """Response models: field docstrings document the OpenAPI schema."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
+
+class StrictRequest(Wire):
+    """keyrank's requests: types are not coerced and an unknown field is an error, not silently dropped."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid", strict=True)
+
+
+class VendorRequest(Wire):
+    """Jina/Cohere requests: types are not coerced; unknown fields are accepted and reported as ignored."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="allow", strict=True)
+
+
+NON_BLANK = r"\S"
+"""JSON Schema pattern of a query: at least one non-whitespace character (checked with a readable message)."""
+
+
+def non_blank(query: str) -> str:
+    if not query.strip():
+        raise ValueError("query must contain a non-whitespace character")
+    return query
+
+
+def _whole_number(value: Any) -> Any:
+    """JSON Schema counts 3.0 as an integer: take it as 3 (and nothing else that is not an int)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_whole_number)]
+"""A JSON integer, or a number with no fraction (3.0); never "3" or true."""
+Count = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]  # this order keeps `minimum` in the schema
+"""An ``Integer`` of at least 1."""
+
+
+def query_field(**extra: Any) -> Any:
+    return Field(min_length=1, examples=[EXAMPLE_QUERY], json_schema_extra={"pattern": NON_BLANK}, **extra)

@@ -1,0 +1,169 @@
+"""POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2): the vendors' shapes."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator
+
+from keyrank.schemas.common import (
+    EXAMPLE_DOCS,
+    EXAMPLE_QUERY,
+    Count,
+    Integer,
+    VendorRequest,
+    Wire,
+    non_blank,
+    query_field,
+)
+
+# --------------------------------------------------------------------------- Jina and Cohere v1: /v1/rerank
+
+_VENDOR_OBJECT_SCHEMA = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "description": "The document text."}},
+    "required": ["text"],
+    "description": "An object document: its `text` is read; with rank_fields, those fields are read instead "
+    "(Cohere v1), and then `text` may be absent.",
+}
+VendorDocument = str | Annotated[dict[str, Any], WithJsonSchema(_VENDOR_OBJECT_SCHEMA)]
+"""A string, or an object: its ``text`` field is read, or the ``rank_fields`` as "field: value" lines."""
+
+
+class V1RerankRequest(VendorRequest):
+    """POST /v1/rerank: Jina AI's shape, which Cohere's v1 shape extends; both clients post here."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"model": "jina-reranker-v2-base-multilingual", "query": EXAMPLE_QUERY, "documents": EXAMPLE_DOCS, "top_n": 1}]
+        }
+    )
+
+    model: str | None = None
+    """Accepted; the service hosts one model (named in the answer). Listed as ignored when it names another."""
+    query: str = query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    documents: list[VendorDocument] = Field(min_length=1, examples=[EXAMPLE_DOCS])
+    """Strings, or objects with a ``text`` field (or the ``rank_fields``); same limits as POST /rerank."""
+    top_n: Count | None = None
+    """Return only the best top_n results; unset = all."""
+    return_documents: bool = True
+    """Echo each result's document (Jina's default: true)."""
+    rank_fields: list[str] | None = None
+    """Cohere v1: the fields of object documents that are read, as "field: value" lines; unset = ``text``."""
+    max_tokens_per_doc: Count | None = None
+    """Read at most this many tokens of each document."""
+    max_chunks_per_doc: Count | None = None
+    """Cohere v1: accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+    return_embeddings: bool | None = None
+    """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
+
+    _query_not_blank = field_validator("query")(non_blank)
+
+
+class VendorDocumentOut(Wire):
+    """The document as sent: {"text": ...} for a string; an object is echoed as it came."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="allow")
+
+    text: str | None = None
+    """The document text (for a string document)."""
+
+
+class VendorResult(Wire):
+    """One ranked document, Jina/Cohere shape."""
+
+    index: int
+    """Position of the document in the request."""
+    relevance_score: float
+    """sigmoid of keyrank's score: in (0, 1) as Jina and Cohere clients expect, same order."""
+    document: VendorDocumentOut | None = None
+    """The document; with return_documents."""
+
+
+class JinaUsage(Wire):
+    """Jina's usage block."""
+
+    total_tokens: int
+    """Tokens the cross-encoder read (keyrank's scored_tokens)."""
+
+
+class CohereApiVersion(Wire):
+    """Cohere's api_version block."""
+
+    version: Literal["1", "2"] = "2"
+    """The Cohere API version of the route: "1" on /v1/rerank, "2" on /v2/rerank."""
+
+
+class CohereBilledUnits(Wire):
+    """Cohere's billing block."""
+
+    search_units: int
+    """One per started 100 documents, as Cohere counts a search unit."""
+
+
+class CohereMeta(Wire):
+    """Cohere's meta block."""
+
+    api_version: CohereApiVersion
+    """Version of the Cohere shape."""
+    billed_units: CohereBilledUnits
+    """Search units of the request."""
+
+
+class V1RerankResponse(Wire):
+    """POST /v1/rerank answer: Jina's fields (model, usage, results) and Cohere v1's (id, results, meta)."""
+
+    id: str
+    """The request id (also the X-Request-ID header)."""
+    model: str
+    """The cross-encoder that scored the documents (KEYRANK_MODEL_NAME)."""
+    usage: JinaUsage
+    """Tokens read."""
+    results: list[VendorResult]
+    """Best first, cut to top_n."""
+    meta: CohereMeta
+    """Cohere v1's API version and billing."""
+
+
+# --------------------------------------------------------------------------- Cohere v2: /v2/rerank
+
+
+class CohereRerankRequest(VendorRequest):
+    """POST /v2/rerank in Cohere's v2 shape, ranked with the default strategy and selector."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"model": "rerank-v3.5", "query": EXAMPLE_QUERY, "documents": EXAMPLE_DOCS, "top_n": 1}]}
+    )
+
+    model: str
+    """Required by Cohere's API; the service hosts one model. Listed as ignored when it names another."""
+    query: str = query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    documents: list[VendorDocument] = Field(min_length=1, examples=[EXAMPLE_DOCS])
+    """Strings (objects as on /v1/rerank are accepted too); same limits as POST /rerank."""
+    top_n: Count | None = None
+    """Return only the best top_n results; unset = all."""
+    max_tokens_per_doc: Count | None = None
+    """Read at most this many tokens of each document; unset = as the strategy reads (Cohere cuts at 4096)."""
+    return_documents: bool = False
+    """Echo each result's document (sent by older clients; Cohere's v2 default: false)."""
+    rank_fields: list[str] | None = None
+    """As on /v1/rerank, for object documents."""
+    priority: Integer | None = None
+    """Cohere: accepted and ignored; every admitted request is served in arrival order."""
+    max_chunks_per_doc: Count | None = None
+    """Accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+
+    _query_not_blank = field_validator("query")(non_blank)
+
+
+class CohereRerankResponse(Wire):
+    """POST /v2/rerank answer."""
+
+    id: str
+    """The request id (also the X-Request-ID header)."""
+    results: list[VendorResult]
+    """Best first, cut to top_n."""
+    meta: CohereMeta
+    """API version and billing."""
