@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 from shared_data import DATASETS
 
@@ -82,3 +83,16 @@ def test_keyb2_reads_one_sequence_per_document_where_maxp_reads_several(reranker
     assert keyb2.usage.scored_sequences == len(docs)
     assert maxp.usage.scored_sequences >= 4 * len(docs)
     assert keyb2.usage.scored_tokens * 3 < maxp.usage.scored_tokens
+
+
+@pytest.mark.parametrize("strategy,selector", [("firstp", None), ("maxp", None), ("keyb2", "bm25")])
+def test_in_process_reranker_ranks_the_far_relevant_case_like_the_triton_path(reranker, prepared_models, cases, strategy, selector):
+    """``Reranker.local`` (ONNX Runtime, no Triton) gives the Triton path's order and scores."""
+    from keyrank.reranker import Reranker
+
+    local = Reranker.local(prepared_models)
+    for question, docs, _, _ in cases[:1]:  # one case: maxp scores ~100 windows twice on 2 CPU cores
+        remote = reranker.rank(question, docs, strategy=strategy, selector=selector).results
+        here = local.rank(question, docs, strategy=strategy, selector=selector).results
+        assert [r.index for r in here] == [r.index for r in remote]
+        np.testing.assert_allclose([r.score for r in here], [r.score for r in remote], atol=1e-4)

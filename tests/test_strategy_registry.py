@@ -1,0 +1,161 @@
+"""Each strategy's own cut and aggregation, pinned: swapping one row of the
+registry for another's (sump -> max, avgp -> sliding, ...) fails here.
+
+The scorer is a tiny model the test builds: a sequence's logit is the number of
+times a marker token occurs in it, and its pooled vector is (markers, length),
+so every document score below can be worked out by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keyrank.aggregate import ClassifierHead
+from keyrank.config import Settings
+from keyrank.pipeline import RerankOptions
+from keyrank.reranker import Reranker
+from keyrank.scoring import ModelInputs, Scores
+from keyrank.strategies import REGISTRY, STRATEGIES
+
+MARKER = "zebra"
+
+
+class MarkerCounter:
+    """Scorer: logit = occurrences of the marker's id; pooled = [occurrences, sequence length]."""
+
+    def __init__(self, marker_id: int):
+        self.marker_id = marker_id
+        self.seen: list[ModelInputs] = []
+
+    async def score(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float) -> Scores:
+        self.seen.append(inputs)
+        counts = np.asarray([(ids == self.marker_id).sum() for ids in inputs.ids], np.float32)
+        lengths = np.asarray([len(ids) for ids in inputs.ids], np.float32)
+        return Scores(counts, np.stack([counts, lengths], 1) if want_pooled else None)
+
+    async def ready(self, timeout: float) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def counting(prepared_models):
+    settings = Settings(model_dir=prepared_models, max_sequence_length=64, query_max_tokens=8, keyb2_budget_tokens=48,
+                        block_max_tokens=12)  # blocks = the sentences below
+    reranker = Reranker(settings, scorer=MarkerCounter(0))
+    (enc,) = reranker.tokenizer.encode_documents([MARKER])
+    assert len(enc) == 1, "the marker must be one token"
+    reranker.scorer.marker_id = int(enc.ids[0])
+    reranker.head = ClassifierHead(np.array([[1.0, 0.0]]), np.array([0.0]))  # PARADE's head reads the marker count
+    return reranker
+
+
+def _doc(reranker, layout: list[int]) -> str:
+    """Sentences of filler (9 tokens each); sentence i starts with ``layout[i]`` markers."""
+    words = "the quiet river ran past an old mill"
+    sentences = [" ".join([MARKER] * k + words.split()[k:]) + "." for k in layout]
+    return " ".join(sentences)
+
+
+def _score(reranker, strategy: str, doc: str) -> tuple[float, list[int]]:
+    ranking = reranker.rank("where is the mill", [doc], strategy=strategy, selector="bm25" if strategy == "keyb2" else None)
+    inputs = reranker.scorer.seen[-1]
+    return ranking.results[0].score, [len(ids) for ids in inputs.ids]
+
+
+def _marker_counts(reranker) -> list[int]:
+    """Markers in each sequence the last request scored."""
+    inputs = reranker.scorer.seen[-1]
+    return [int((ids == reranker.scorer.marker_id).sum()) for ids in inputs.ids]
+
+
+def test_every_registered_strategy_is_pinned_here():
+    assert set(STRATEGIES) == set(PINNED) | {"keyb2"}
+
+
+def test_firstp_reads_only_the_first_budget_tokens(counting):
+    doc = _doc(counting, [0] * 12 + [3])  # the only markers sit past the first window
+    score, lengths = _score(counting, "firstp", doc)
+    assert score == 0 and lengths == [64]
+
+
+def _windows(reranker, doc: str, stride_of_budget: float) -> int:
+    """How many windows the cut rule gives: budget = 64 - 3 - query tokens, stride = half (sliding) or all."""
+    n = len(reranker.tokenizer.encode_documents([doc])[0])
+    budget = 64 - 3 - len(reranker.tokenizer.encode_query("where is the mill", 8))
+    stride = int(budget * stride_of_budget)
+    return 1 + -(-max(0, n - budget) // stride)
+
+
+def test_maxp_is_the_best_sliding_window(counting):
+    doc = _doc(counting, [1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    score, lengths = _score(counting, "maxp", doc)
+    counts = _marker_counts(counting)
+    assert len(counts) == _windows(counting, doc, 0.5) and len(set(counts)) > 1
+    assert score == max(counts)  # not the sum, not the mean: the counts differ
+
+
+def test_sump_adds_every_sliding_window_so_overlaps_count_twice(counting):
+    doc = _doc(counting, [1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    score, _ = _score(counting, "sump", doc)
+    counts = _marker_counts(counting)
+    assert len(counts) == _windows(counting, doc, 0.5)
+    assert score == sum(counts) > 4  # windows overlap by half: the markers are counted more than once
+
+
+def test_avgp_averages_disjoint_chunks(counting):
+    doc = _doc(counting, [1, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    score, _ = _score(counting, "avgp", doc)
+    counts = _marker_counts(counting)
+    assert len(counts) == _windows(counting, doc, 1.0)
+    assert sum(counts) == 4  # disjoint: each marker in exactly one chunk
+    assert score == pytest.approx(4 / len(counts))
+
+
+def test_parade_max_and_avg_fold_pooled_vectors_before_the_head(counting):
+    doc = _doc(counting, [2, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    maximum, _ = _score(counting, "parade-max", doc)
+    counts = _marker_counts(counting)
+    assert len(set(counts)) > 1
+    average, _ = _score(counting, "parade-avg", doc)
+    assert maximum == max(counts) and average == pytest.approx(np.mean(counts))
+
+
+def test_keyb2_reads_the_selected_blocks_in_one_sequence(counting):
+    # The query's words are in the last sentence only: BM25 selects it; firstp never reads it.
+    doc = " ".join(["cats sleep all day long in warm sun."] * 12 + [f"{MARKER} {MARKER} where is the mill."]
+                   + ["dogs bark at night near the gate."] * 3)
+    score, lengths = _score(counting, "keyb2", doc)
+    assert len(lengths) == 1 and score == 2
+    evidence = counting.rank("where is the mill", [doc], strategy="keyb2", selector="bm25").results[0].evidence
+    assert any(doc[e.start : e.end].startswith(MARKER) for e in evidence)
+
+
+PINNED = {
+    "firstp": ("prefix", "single"),
+    "maxp": ("sliding", "max"),
+    "sump": ("sliding", "sum"),
+    "avgp": ("disjoint", "mean"),
+    "parade-max": ("sliding", "parade-max"),
+    "parade-avg": ("sliding", "parade-avg"),
+    "parade-attn": ("sliding", "trained"),
+    "parade-transformer": ("sliding", "trained"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_registry_rows_match_the_behaviour_pinned_above(name):
+    spec = REGISTRY[name]
+    assert (spec.cut, spec.aggregation) == PINNED[name]
+    assert spec.needs_pooled == name.startswith("parade")
+
+
+def test_a_strategy_without_its_trained_part_is_refused_naming_the_command(counting, tmp_path):
+    from keyrank.errors import InvalidRequest
+    from keyrank.pipeline import Pipeline
+
+    bare = Pipeline(counting.tokenizer, counting.template, counting.settings, gateway_dir=tmp_path)
+    for name in ("parade-attn", "parade-transformer"):
+        with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {name}"):
+            bare.resolve(RerankOptions(strategy=name))
