@@ -159,3 +159,12 @@ def test_a_strategy_without_its_trained_part_is_refused_naming_the_command(count
     for name in ("parade-attn", "parade-transformer"):
         with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {name}"):
             bare.resolve(RerankOptions(strategy=name))
+
+
+def test_readme_strategy_table_is_the_registry():
+    from pathlib import Path
+
+    from keyrank.strategies import markdown_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert markdown_table() in readme

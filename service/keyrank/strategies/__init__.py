@@ -68,6 +68,16 @@ REGISTRY: dict[str, StrategySpec] = {
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
 
 
+def markdown_table() -> str:
+    """The README's strategy table, written from the registry (a test keeps the README equal to it)."""
+    rows = ["| strategy | cut | what the cross-encoder reads; document score | needs |", "| --- | --- | --- | --- |"]
+    for spec in REGISTRY.values():
+        needs = [n for n, on in (("a selector", spec.needs_selector), ("pooled vectors", spec.needs_pooled)) if on]
+        needs += [f"trained `{part}`" for part in spec.trained_parts]
+        rows.append(f"| `{spec.name}` | {spec.cut} | {spec.summary} | {', '.join(needs) or '-'} |")
+    return "\n".join(rows)
+
+
 def get_spec(name: str) -> StrategySpec:
     """The registry row; KeyError names the known strategies."""
     try:
