@@ -19,7 +19,7 @@ from keyrank.schemas import RerankResponse
 from prometheus_client import REGISTRY
 
 DEAD_TRITON = "127.0.0.1:1"  # nothing listens on port 1: connection refused at once
-LIMITS = dict(max_documents=5, max_document_chars=2_000, max_query_chars=200, max_body_bytes=64_000)
+LIMITS = {"max_documents": 5, "max_document_chars": 2_000, "max_query_chars": 200, "max_body_bytes": 64_000}
 OK = {"query": "what is a cat", "documents": ["a cat is an animal", "the stock market fell"]}
 
 
@@ -174,13 +174,22 @@ def test_readyz_is_503_within_a_second_when_triton_is_down(client):
     assert response.headers["retry-after"] == "2"
 
 
-def test_metrics_expose_keyrank_metrics_in_prometheus_format(client):
+def _scraped(text: str, sample: str) -> float:
+    """The value of one sample line (name and labels exactly as Prometheus prints them) in /metrics."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(sample + " ")]
+    return values[0] if values else 0.0
+
+
+def test_metrics_count_each_request_in_prometheus_format(client):
+    sample = 'keyrank_requests_total{endpoint="/rerank",outcome="invalid",strategy="-"}'
+    before = _scraped(client.get("/metrics").text, sample)
     client.post("/rerank", json={**OK, "top_n": 0})
     response = client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain; version=")
-    for name in ("keyrank_requests_total", "keyrank_in_flight_requests", "keyrank_stage_seconds"):
-        assert name in response.text
+    assert _scraped(response.text, sample) == before + 1  # counted once, not merely declared
+    for name in ("keyrank_in_flight_requests", "keyrank_queued_sequences", "keyrank_drain_sequences_per_second"):
+        assert f"\n{name} " in response.text
 
 
 def test_openapi_documents_the_three_rerank_routes_and_the_limits(client):
@@ -270,7 +279,7 @@ def test_rerank_answer_is_ranked_with_ids_evidence_usage_and_timings(live_client
     answer = RerankResponse.model_validate(response.json())
     texts = [d if isinstance(d, str) else d["text"] for d in CATS["documents"]]
     assert (answer.strategy, answer.selector) == ("keyb2", "bm25")
-    assert [r.id for r in answer.results][0] == "cat"
+    assert answer.results[0].id == "cat"
     assert sorted(r.index for r in answer.results) == [0, 1, 2]
     scores = [r.relevance_score for r in answer.results]
     assert scores == sorted(scores, reverse=True)

@@ -191,3 +191,26 @@ def test_model_is_the_configured_name(prepared_models, embedded_triton):
         response = client.post("/v1/rerank", json={**OK, "model": "acme-rerank-1"})
         assert response.json()["model"] == "acme-rerank-1"
         assert "x-keyrank-ignored-fields" not in response.headers  # the served model is not "ignored"
+
+
+# --------------------------------------------------------------------------- a trickling body
+
+
+def test_a_body_that_never_finishes_is_answered_408_after_the_read_timeout(prepared_models):
+    import socket
+    import time
+
+    from live_gateway import live_gateway
+
+    settings = Settings(model_dir=prepared_models, triton_url=DEAD_TRITON, body_read_timeout_s=1.0)
+    with live_gateway(settings) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            started = time.monotonic()
+            conn.sendall(b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"query\": ")  # 10 of the 100 bytes, then silence
+            answer = conn.recv(4096).decode()
+            waited = time.monotonic() - started
+    assert answer.startswith("HTTP/1.1 408"), answer
+    assert "KEYRANK_BODY_READ_TIMEOUT_S" in answer
+    assert 0.9 < waited < 3.0

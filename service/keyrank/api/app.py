@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, reranker: Reranker | None = Non
     app.state.reranker = reranker
     app.state.admission = AdmissionQueue(settings)
     # add_middleware wraps from the outside in: the request id is set before the key and the size are checked.
-    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
     app.add_middleware(ApiKeyGate, api_key=settings.api_key)
     app.add_middleware(RequestId)
     install_error_handlers(app)

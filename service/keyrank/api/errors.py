@@ -37,7 +37,10 @@ RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
 CLIENT_CLOSED = 499
 """nginx's status for a request whose client went away: logged and counted, never read by anyone."""
 
-_ERROR_TYPES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_ERROR_TYPES = {
+    400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
+    413: "body_too_large",
+}
 _DESCRIPTIONS = {
     400: "Body is not JSON; the message names the parse error.",
     401: "Missing or wrong API key (only when KEYRANK_API_KEY is set); checked before the body is read.",

@@ -7,6 +7,7 @@ a JSON parse.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import uuid
@@ -70,11 +71,13 @@ class ApiKeyGate:
 
 
 class BodyLimit:
-    """413 for bodies over ``max_body_bytes``, before FastAPI parses (or even buffers) them."""
+    """413 for bodies over ``max_body_bytes``, 408 for bodies not in within ``read_timeout_s``: before
+    FastAPI parses (or even buffers) them, so neither a huge nor a trickling body holds the gateway."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, read_timeout_s: float):
         self.app = app
         self.limit = max_body_bytes
+        self.read_timeout_s = read_timeout_s
 
     def _too_large(self, size: str) -> str:
         return f"request body of {size} bytes exceeds the limit of {self.limit} (KEYRANK_MAX_BODY_BYTES)"
@@ -89,15 +92,26 @@ class BodyLimit:
             response = error_response(request, 413, "body_too_large", self._too_large(declared))
             return await response(scope, receive, send)
         received = 0
+        body_done = False
+        deadline = asyncio.get_running_loop().time() + self.read_timeout_s
 
-        async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
+        async def guarded_receive() -> Message:
+            nonlocal received, body_done
+            if body_done:  # after the body only http.disconnect comes, whenever the client leaves
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                # Raised inside FastAPI's body read, which re-raises HTTPException to our handler.
+                raise HTTPException(
+                    408, f"request body not received within {self.read_timeout_s:g} s (KEYRANK_BODY_READ_TIMEOUT_S)"
+                ) from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.limit:
-                    # Raised inside FastAPI's body read, which re-raises HTTPException to our handler.
                     raise HTTPException(413, self._too_large(f"more than {self.limit}"))
             return message
 
-        await self.app(scope, counted_receive, send)
+        await self.app(scope, guarded_receive, send)
