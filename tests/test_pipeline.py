@@ -16,7 +16,7 @@ pytestmark = pytest.mark.triton
 
 # Strategies with trained parts are pinned where they are trained (test_parade_trained.py).
 CASES = [(s, None) for s in STRATEGIES if not REGISTRY[s].needs_selector and not REGISTRY[s].trained_parts]
-CASES += [("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "cross")]
+CASES += [("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "hybrid"), ("keyb2", "cross")]
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,15 @@ from typing import Any
 import numpy as np
 
 from keyrank.config import SELECTORS, Settings
+from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.scoring import ModelInputs
 from keyrank.segment import Spans, blocks, token_break_costs, windows
-from keyrank.select.bm25 import IdfTable, block_terms, bm25_scores, term_mask
+from keyrank.select.bm25 import IdfTable, bm25_scores, term_mask
+from keyrank.select.hybrid import hybrid_scores
 from keyrank.strategies import REGISTRY, STRATEGIES, Passage, StrategySpec
 from keyrank.strategies.firstp import first_passage
-from keyrank.strategies.keyb2 import select_blocks
+from keyrank.strategies.keyb2 import keyb2_passages
 from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
@@ -99,6 +101,8 @@ class Pipeline:
         is_term[[i for i in template.special_ids if i < is_term.shape[0]]] = False
         self.is_term = is_term
         self.idf = IdfTable.from_json(settings.bm25_idf_table, tokenizer) if settings.bm25_idf_table else None
+        self.documents = DocumentCache(settings.document_cache_bytes, namespace(tokenizer, template, settings))
+        """Tokens, blocks and BM25 terms of documents seen before, by content hash (doc_cache.py)."""
         self._dense: Any = None
         self._dense_lock = threading.Lock()
         # Compile (or load from numba's cache) the segmentation DP now, not in the first request.
@@ -123,7 +127,7 @@ class Pipeline:
     def encode(self, query: str, documents: Sequence[str], max_tokens: int | None = None) -> tuple[Encoded, list[Encoded]]:
         """Query (cut to the query cap) and documents, tokenized once with offsets."""
         query_enc = self.tokenizer.encode_query(query, self.settings.query_max_tokens)
-        return query_enc, self.tokenizer.encode_documents(documents, max_tokens=max_tokens)
+        return query_enc, self.documents.encode(documents, max_tokens, self.tokenizer.encode_documents)
 
     def budget(self, query: Encoded) -> int:
         """Document tokens that fit next to the query in one model input."""
@@ -134,7 +138,7 @@ class Pipeline:
         """Blocks (keyb2) or windows (windowed strategies) of every document; nothing for firstp."""
         s = self.settings
         if spec.cut == "blocks":
-            return [blocks(d, self.break_costs, s.block_max_tokens, s.block_cost) for d in docs]
+            return self.documents.blocks(docs, lambda d: blocks(d, self.break_costs, s.block_max_tokens, s.block_cost))
         if spec.windowed:
             stride = budget if spec.cut == "disjoint" else (s.window_stride or max(1, budget // 2))
             return [windows(len(d), budget, stride, s.max_windows_per_doc) for d in docs]
@@ -142,17 +146,20 @@ class Pipeline:
 
     # --- 3. select ------------------------------------------------------------------------
     def block_scores(self, selector: str, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-        """Scores of every block of every document by a CPU selector (bm25, dense)."""
+        """Scores of every block of every document by a CPU selector (bm25, dense, hybrid)."""
         counts = np.cumsum([len(sp) for sp in pieces])[:-1]
         if selector == "bm25":
-            block_ids = [d.ids[a:b] for d, sp in zip(docs, pieces) for a, b in zip(sp.starts, sp.ends)]
-            flat = block_terms(block_ids, self.is_term)
+            flat = self.documents.block_terms(docs, pieces, self.is_term)
             query_terms = query.ids[self.is_term[query.ids]]
             scores = bm25_scores(query_terms, flat, k1=self.settings.bm25_k1, b=self.settings.bm25_b, idf_table=self.idf)
             return np.split(scores, counts)
         if selector == "dense":
             texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
             return self.dense().score_blocks(query_text, texts)
+        if selector == "hybrid":  # reciprocal rank fusion of the lexical and the bi-encoder ranking
+            lexical = self.block_scores("bm25", query_text, query, docs, pieces)
+            dense = self.block_scores("dense", query_text, query, docs, pieces)
+            return hybrid_scores(lexical, dense, k=self.settings.hybrid_rrf_k)
         raise ValueError(f"selector {selector!r} is not scored on the CPU")
 
     def cross_selector_inputs(self, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> ModelInputs:
@@ -176,9 +183,8 @@ class Pipeline:
     # --- 4. assemble ----------------------------------------------------------------------
     def assemble(self, spec: StrategySpec, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int) -> list[Passage]:
         """The passages each document contributes, grouped by document."""
-        if spec.cut == "blocks":
-            doc_budget = min(self.settings.keyb2_budget_tokens, budget)
-            return [select_blocks(i, pieces[i], block_scores[i], doc_budget) for i in range(len(docs))]
+        if spec.cut == "blocks":  # the budget rule and selection rules are settings (strategies/keyb2.py)
+            return keyb2_passages(docs, pieces, block_scores, budget, self.settings)
         if spec.windowed:
             return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
