@@ -20,6 +20,7 @@ from pathlib import Path
 
 from keyrank.config import SELECTORS, STRATEGIES, Settings
 from keyrank.evaluation import farrelevant, plots, qmsum, report, tasks
+from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import run_task, systems
 from keyrank.tokenize import TextTokenizer
 
@@ -48,6 +49,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="folder of qmsum/, trec-dl20-passage/, squad2-dev-half/")
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare` (default: settings)")
     p.add_argument("--triton-url", default=None, help="host:port of a running Triton (gRPC); unset = embedded CPU Triton")
+    p.add_argument("--scorer", choices=("triton", "local"), default="triton",
+                   help="triton: the service's path (embedded or --triton-url); local: ONNX Runtime in-process (same scores, tested)")
+    p.add_argument("--no-memo", action="store_true",
+                   help="score every sequence every time (default: each distinct sequence once per run; wall times then "
+                        "favour systems that reuse another's windows, scored tokens do not change)")
     p.add_argument("--concurrency", type=int, default=1, help="queries in flight; 1 keeps per-query latency free of queueing")
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline per ranking request")
     p.add_argument("--segment-tokens", type=int, default=qmsum.SEGMENT_TOKENS, help="QMSum segment size")
@@ -66,11 +72,18 @@ async def _run(args, settings: Settings, queries: dict, systems_) -> dict:
     runs: dict = {}
     reranker = None
     if systems_:
-        reranker = Reranker(settings) if settings.triton_url else await asyncio.to_thread(Reranker.embedded, settings)
+        if args.scorer == "local":
+            reranker = await asyncio.to_thread(Reranker.local, None, settings)
+        else:
+            reranker = Reranker(settings) if settings.triton_url else await asyncio.to_thread(Reranker.embedded, settings)
+        if not args.no_memo:
+            reranker.scorer = MemoScorer(reranker.scorer)
     try:
         for task, task_queries in queries.items():
             runs[task] = await run_task(reranker, systems_, task_queries, task=task, concurrency=args.concurrency, timeout_s=args.timeout_s,
                                         progress=not args.no_progress)
+        if isinstance(getattr(reranker, "scorer", None), MemoScorer):
+            print(f"memo: {reranker.scorer.misses} sequences scored, {reranker.scorer.hits} answered from memory", file=sys.stderr)
     finally:
         if reranker is not None:
             await reranker.aclose()
@@ -119,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": command, "seed": args.seed, "split": args.split, "tasks": task_names,
         "systems": [s.name for s in systems_], "max_queries": args.max_queries,
         "segment_tokens": args.segment_tokens, "offsets": offsets, "distractors": args.distractors, "filler": args.filler,
-        "concurrency": args.concurrency, "model_dir": str(settings.model_dir),
+        "concurrency": args.concurrency, "model_dir": str(settings.model_dir), "scorer": args.scorer, "memo": not args.no_memo,
         "triton_url": settings.triton_url, "build_s": build_s, "run_s": run_s,
     }, indent=2))
     figures = plots.write_all(reports, out)
