@@ -90,7 +90,7 @@ class Settings(BaseSettings):
     embedded_http_port: int = Field(0, description="Embedded Triton HTTP port (loopback only); 0 = a free port, a taken one fails at start.")
     embedded_grpc_port: int = Field(0, description="Embedded Triton gRPC port (loopback only); 0 = a free port, a taken one fails at start.")
     embedded_metrics_port: int = Field(0, description="Embedded Triton metrics port (loopback only); 0 = a free port, a taken one fails at start.")
-    embedded_max_repairs: int = Field(5, description="Model reloads / Triton restarts in a row (no stable 30 s between) before the supervisor gives up and `serve` exits non-zero.")
+    embedded_max_repairs: int = Field(5, description="Failed model reloads / Triton restarts in a row (one whose fault is back within 10 s counts as failed) before the supervisor gives up and `serve` exits non-zero.")
     embedded_repair_backoff_s: float = Field(1.0, description="Wait before the 2nd repair in a row, doubling for each further one (capped at 30 s).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")

@@ -12,7 +12,8 @@ restarts it. So the supervisor watches, every ``tick``:
 - Triton's own view (server id is ours, model ready) and, on a thread of its
   own, a tiny real inference (an error, or a hang past ``hang_after_s``).
 
-Repairs are bounded: past ``max_repairs`` without a stable period in between
+Repairs are bounded: failed ones back off, and after ``max_repairs`` of them in
+a row (a repair whose fault is back within ``stable_after_s`` counts as failed)
 the supervisor gives up and says why (``keyrank serve`` then exits non-zero).
 """
 
@@ -207,7 +208,7 @@ class Supervisor(threading.Thread):
         probe_every_s: float = 2.0,
         probe_timeout_s: float = 10.0,
         hang_after_s: float = 30.0,
-        stable_after_s: float = 30.0,
+        stable_after_s: float = 10.0,
         on_give_up: Callable[[str], None] | None = None,
     ):
         super().__init__(name="keyrank-triton-supervisor", daemon=True)
@@ -229,8 +230,7 @@ class Supervisor(threading.Thread):
         self._stubs_of: int | None = None
         self._buried: set[int] = set()
         self._next_http = 0.0
-        self._attempts = 0
-        self._healthy_since = time.monotonic()
+        self._failures = 0  # failed repairs in a row (a repair that did not hold for stable_after_s counts)
         self._repaired_at = 0.0
 
     def start(self) -> None:
@@ -245,8 +245,6 @@ class Supervisor(threading.Thread):
             try:
                 fault = self.diagnose()
                 if fault is None:
-                    if time.monotonic() - self._healthy_since > self.stable_after_s:
-                        self._attempts = 0
                     continue
                 self.repair(fault)
             except Exception:  # a supervisor bug must not end supervision
@@ -290,19 +288,29 @@ class Supervisor(threading.Thread):
     # --- repair -------------------------------------------------------------------------------
 
     def repair(self, fault: str) -> None:
-        """Reload the model if the server lives, else (or if that fails) restart the server; bounded."""
+        """Reload the model if the server lives, else (or if that fails) restart the server.
+
+        Readiness turns false at once (a model-level fault unloads the model before anything
+        else); only failed repairs back off (1 s, 2 s, 4 s, ... capped at 30 s), and
+        ``max_repairs`` of them in a row end supervision. A repair whose fault comes back within
+        ``stable_after_s`` counts as failed: a crash loop is bounded too.
+        """
         detected = time.monotonic()
         triton = self.triton
         seen_pid = triton.pid
+        if self._repaired_at and detected - self._repaired_at < self.stable_after_s:
+            self._failures += 1
+        elif self._failures and detected - self._repaired_at >= self.stable_after_s:
+            self._failures = 0
         log.error("embedded Triton: %s; repairing", fault)
         model_level = seen_pid is not None and not fault.startswith("Triton's port")
+        if model_level:
+            triton.admin.unload(triton.model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
-            self._attempts += 1
-            if self._attempts > self.max_repairs:
+            if self._failures >= self.max_repairs:
                 self._give_up(fault)
                 return
-            # At once, then backoff, 2x backoff, ... capped at 30 s.
-            if self._attempts > 1 and self.stopping.wait(min(30.0, self.backoff_s * 2 ** (self._attempts - 2))):
+            if self._failures and self.stopping.wait(min(30.0, self.backoff_s * 2 ** (self._failures - 1))):
                 return
             how = "model reload" if model_level else "Triton restart"
             try:
@@ -316,20 +324,23 @@ class Supervisor(threading.Thread):
                     else:
                         triton.restart_locked()
             except Exception as exc:  # noqa: BLE001 -- counted; the next attempt restarts the whole server
+                if not triton.wanted:
+                    return  # stopped on purpose while we repaired
                 log.error("embedded Triton: %s failed: %s", how, exc)
+                self._failures += 1
                 model_level, seen_pid = False, triton.pid
                 continue
             took = time.monotonic() - detected
             self.repairs.append((how, took))
             self._stubs, self._stubs_of = set(), None
-            self._healthy_since = self._repaired_at = time.monotonic()
+            self._repaired_at = time.monotonic()
             log.warning("embedded Triton serving again after %s (%.1f s after detection)", how, took)
             return
 
     def _give_up(self, fault: str) -> None:
         self.failure = (
-            f"embedded Triton could not be kept serving: {fault}; gave up after {self.max_repairs} repair attempts "
-            f"(set KEYRANK_EMBEDDED_MAX_REPAIRS to allow more)\n{self.triton.log_tail()}"
+            f"embedded Triton could not be kept serving: {fault}; gave up after {self.max_repairs} failed repairs "
+            f"in a row (set KEYRANK_EMBEDDED_MAX_REPAIRS to allow more)\n{self.triton.log_tail()}"
         )
         log.critical("%s", self.failure)
         if self.on_give_up is not None:
