@@ -122,9 +122,16 @@ def install_aggregator(path: Path, model_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from keyrank.errors import KeyrankError
     from keyrank.training.loop import finetune
 
-    result = finetune(config_from(args))
+    try:
+        result = finetune(config_from(args))
+    except (KeyrankError, ValueError) as exc:  # a model that cannot be fetched or exported, data that cannot be read
+        print(f"keyrank finetune: {exc}", file=sys.stderr)
+        return 1
+    if not result.finished:
+        print(f"stopped early as asked; run the same command again to continue from {result.out / 'state'}", file=sys.stderr)
     print(json.dumps({"out": str(result.out), "model_dir": str(result.model_dir) if result.model_dir else None,
                       "aggregator": str(result.aggregator) if result.aggregator else None, "dev_before": result.dev_before,
                       "history": result.history, "best_epoch": result.best_epoch}, indent=2))
