@@ -59,8 +59,13 @@ class Settings(BaseSettings):
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")
     keyb2_dedup_jaccard: float | None = Field(None, gt=0.0, le=1.0, description="KeyB2 skips a block whose token set has at least this Jaccard with a chosen block; unset = off.")
 
+    # --- document cache (doc_cache.py) -----------------------------------------
+    document_cache_bytes: int = Field(256 * 2**20, ge=0, description="Bytes of tokens, blocks and BM25 terms kept per gateway process for documents seen before (by content hash, LRU); 0 = off. About 30 bytes per document token.")
+
     # --- Triton client -------------------------------------------------------
     length_buckets: list[int] = Field([64, 128, 256, 384, 512], description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")
+    length_bucket_shapes: int = Field(4, ge=0, description="Per request, pad to at most this many widths chosen from its own lengths (multiples of length_bucket_multiple, never more padding than length_buckets); 0 = length_buckets as they are.")
+    length_bucket_multiple: int = Field(32, ge=1, description="Chosen widths are multiples of this, so requests share shapes (Triton's batcher merges equal shapes).")
     triton_batch_size: int = Field(32, description="Sequences per Triton request.")
     triton_max_in_flight: int = Field(8, description="Concurrent Triton requests per gateway process.")
 

@@ -37,8 +37,10 @@ TRITON_RTT = Histogram(
     "keyrank_triton_rtt_seconds", "Round trip of one Triton inference request.", ["bucket"], buckets=_LATENCY_BUCKETS
 )
 TRITON_ERRORS = Counter("keyrank_triton_errors_total", "Failed Triton requests by kind.", ["kind"])
-CACHE_HITS = Counter("keyrank_cache_hits_total", "Embedding cache hits.", ["cache"])
-CACHE_MISSES = Counter("keyrank_cache_misses_total", "Embedding cache misses.", ["cache"])
+CACHE_HITS = Counter("keyrank_cache_hits_total", "Cache hits: dense (block embeddings), documents (doc_cache.py).", ["cache"])
+CACHE_MISSES = Counter("keyrank_cache_misses_total", "Cache misses: dense (block embeddings), documents (doc_cache.py).", ["cache"])
+DOCUMENT_CACHE_BYTES = Gauge("keyrank_document_cache_bytes", "Bytes held by the document cache (tokens, blocks, BM25 terms).")
+DOCUMENT_CACHE_EVICTIONS = Counter("keyrank_document_cache_evictions_total", "Documents dropped from the document cache to stay within its bound.")
 QUEUED_SEQUENCES = Gauge(
     "keyrank_queued_sequences", "Estimated cross-encoder sequences admitted and not finished (admission.py)."
 )

@@ -152,6 +152,7 @@ class Reranker:
             settings.triton_url, model=settings.triton_model, pad_id=pad_id, buckets=settings.length_buckets,
             batch_size=settings.triton_batch_size, max_in_flight=settings.triton_max_in_flight,
             probe_timeout_s=settings.triton_connect_timeout_s,
+            max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
         )
 
     # --- the pipeline -------------------------------------------------------------
@@ -264,7 +265,10 @@ class Reranker:
         gateway = settings.gateway_dir
         template = load_template(_manifest(gateway), gateway)
         onnx = settings.model_dir / "triton" / settings.triton_model / "1" / "model.onnx"
-        scorer = LocalScorer(onnx, pad_id=template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads)
+        scorer = LocalScorer(
+            onnx, pad_id=template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads,
+            max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
+        )
         return cls(settings, scorer=scorer)
 
     @classmethod

@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from keyrank.scoring.buckets import choose_edges
+
 
 @dataclass(frozen=True, slots=True)
 class ModelInputs:
@@ -93,14 +95,22 @@ class Batch:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
 
 
-def bucket_batches(inputs: ModelInputs, *, buckets: Sequence[int], batch_size: int, pad_id: int) -> list[Batch]:
-    """Group sequences by the smallest bucket that fits and cut each group into balanced batches."""
+def bucket_batches(
+    inputs: ModelInputs, *, buckets: Sequence[int], batch_size: int, pad_id: int, max_shapes: int = 0, multiple: int = 32
+) -> list[Batch]:
+    """Group sequences by the smallest bucket that fits and cut each group into balanced batches.
+
+    ``max_shapes`` > 0: the buckets are chosen from this request's lengths (scoring/buckets.py), at
+    most that many multiples of ``multiple``, never more padding than ``buckets``; 0 = ``buckets``.
+    """
     if len(inputs.ids) != len(inputs.types):
         raise ValueError(f"{len(inputs.ids)} input_ids but {len(inputs.types)} token_type_ids")
     edges = np.asarray(sorted(buckets), dtype=np.int64)
     lengths = np.fromiter((len(ids) for ids in inputs.ids), dtype=np.int64, count=len(inputs.ids))
     if lengths.size and (lengths.max() > edges[-1] or lengths.min() == 0):
         raise ValueError(f"sequence lengths must be in 1..{edges[-1]}, got {lengths.min()}..{lengths.max()}")
+    if max_shapes > 0:
+        edges = choose_edges(lengths, edges, max_shapes=max_shapes, multiple=multiple)
     which = np.searchsorted(edges, lengths, side="left")
     batches: list[Batch] = []
     for b in np.unique(which):

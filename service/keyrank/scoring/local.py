@@ -28,6 +28,8 @@ class LocalScorer:
         batch_size: int = 32,
         threads: int = 0,
         providers: Sequence[str] = ("CPUExecutionProvider",),
+        max_shapes: int = 0,
+        multiple: int = 32,
     ) -> None:
         import onnxruntime as ort
 
@@ -44,6 +46,8 @@ class LocalScorer:
         """Padded lengths; a sequence goes to the smallest that fits."""
         self.batch_size: int = batch_size
         """Most sequences in one session run."""
+        self.shapes: dict[str, int] = {"max_shapes": max_shapes, "multiple": multiple}
+        """Per-request widths (scoring/buckets.py); max_shapes 0 = the fixed buckets."""
         # One run at a time: ORT sessions are thread-safe, but two runs would split the same cores.
         self._lock = threading.Lock()
 
@@ -53,7 +57,7 @@ class LocalScorer:
 
     def score_sync(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float | None = None) -> Scores:
         """The blocking form (training and benchmarks call it from plain code)."""
-        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id)
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id, **self.shapes)
         outputs = ["logits", "pooled"] if want_pooled else ["logits"]
         results = []
         with self._lock:

@@ -82,6 +82,8 @@ class TritonScorer:
         batch_size: int = 32,
         max_in_flight: int = 8,
         probe_timeout_s: float = 1.0,
+        max_shapes: int = 0,
+        multiple: int = 32,
     ) -> None:
         self.url: str = url
         """host:port of Triton's gRPC endpoint."""
@@ -93,6 +95,8 @@ class TritonScorer:
         """Padded lengths; a sequence goes to the smallest that fits."""
         self.batch_size: int = batch_size
         """Most sequences in one Triton request."""
+        self.shapes: dict[str, int] = {"max_shapes": max_shapes, "multiple": multiple}
+        """Per-request widths (scoring/buckets.py); max_shapes 0 = the fixed buckets."""
         self.max_in_flight: int = max_in_flight
         """Most Triton requests in flight from this process, over all callers."""
         self.probe_timeout_s: float = probe_timeout_s
@@ -121,7 +125,7 @@ class TritonScorer:
         ``ScoringUnavailable`` and cancels whatever is still in flight.
         """
         n = len(inputs)
-        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id)
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id, **self.shapes)
         if n == 0:
             return gather(0, [], [], want_pooled)
         if deadline - time.monotonic() <= 0:

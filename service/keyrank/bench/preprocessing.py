@@ -12,8 +12,6 @@ Python (``.py_func``), the reason numba is a dependency.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -21,25 +19,12 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from keyrank.bench.workloads import meeting_documents
 from keyrank.config import get_settings
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.segment import _cheapest_cut, blocks, break_costs
 
 CASES = (("firstp", None), ("maxp", None), ("avgp", None), ("parade-max", None), ("keyb2", "bm25"), ("keyb2", "dense"))
-
-
-def meeting_documents(datasets: Path, count: int, max_chars: int) -> tuple[str, list[str]]:
-    """Long real documents: QMSum val transcripts (one turn per line), cut to ``max_chars``."""
-    docs, query = [], None
-    for path in sorted((datasets / "qmsum" / "val").glob("*.json"))[:count]:
-        meeting = json.loads(path.read_text())
-        text = "\n".join(f"{t['speaker']}: {t['content']}" for t in meeting["meeting_transcripts"])
-        docs.append(text[:max_chars])
-        if query is None and meeting.get("specific_query_list"):
-            query = meeting["specific_query_list"][0]["query"]
-    if not docs:
-        raise SystemExit(f"no QMSum meetings under {datasets / 'qmsum' / 'val'}")
-    return query or "what did the group decide", docs
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -58,8 +43,9 @@ def preprocess(pipeline: Pipeline, query: str, docs: list[str], strategy: str, s
 
 
 def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: int) -> dict:
-    # The scorer is never called here: only the CPU stages are measured.
-    pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
+    # The scorer is never called here: only the CPU stages are measured, cold (no document cache:
+    # every repeat pays the full work; bench/cache.py measures documents seen before).
+    pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0))
     query, docs = meeting_documents(datasets, n_docs, max_chars)
     raw = Tokenizer.from_file(str(model_dir / "gateway" / "tokenizer.json"))
     raw.no_truncation()
@@ -77,7 +63,7 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
     for strategy, selector in CASES:
         # dense: the warm-up fills the block-embedding cache, so this is the repeated-document case.
         name = strategy + (f"/{selector}" if selector else "") + (" (cached)" if selector == "dense" else "")
-        seconds = _median_seconds(lambda: preprocess(pipeline, query, docs, strategy, selector), repeats)
+        seconds = _median_seconds(lambda s=strategy, k=selector: preprocess(pipeline, query, docs, s, k), repeats)
         result["strategies"][name] = {
             "tokens_per_s": n_tokens / seconds,
             "ratio_to_raw": raw_s / seconds,
@@ -111,19 +97,3 @@ def print_table(result: dict) -> None:
         f"segmentation DP on {dp['tokens']:,} tokens: numba {dp['numba_ms']:.2f} ms, "
         f"plain Python {dp['python_ms']:.1f} ms ({dp['speedup']:.0f}x)"
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="keyrank bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
-    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
-    parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings used as documents")
-    parser.add_argument("--max-chars", type=int, default=60_000, help="characters kept per meeting")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the result here")
-    args = parser.parse_args(argv)
-    result = run(args.model_dir, args.datasets, args.docs, args.max_chars, args.repeats)
-    print_table(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
-    return 0

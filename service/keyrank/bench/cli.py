@@ -1,0 +1,60 @@
+"""The `keyrank bench` command line: one mode per run, each printing its table (and JSON with --json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from keyrank.config import get_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    from keyrank import bench
+
+    parser = argparse.ArgumentParser(prog="keyrank bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
+    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--cache", action="store_true", help="document cache: documents seen before vs cold, hit rate")
+    mode.add_argument("--processes", action="store_true", help="preprocessing over processes: workers vs a pool")
+    mode.add_argument("--buckets", action="store_true", help="fixed vs per-request length buckets")
+    mode.add_argument("--gpu", action="store_true", help="the GPU figures (CPU parts only without CUDA)")
+    parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings (default mode); candidates per request (--cache, --processes: 100)")
+    parser.add_argument("--max-chars", type=int, default=60_000, help="characters kept per meeting (default mode)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=0, help="processes for --processes / the CPU ceiling; 0 = the usable cores")
+    parser.add_argument("--requests", type=int, default=0, help="requests per measurement (--processes, --buckets, --gpu); 0 = the mode's default")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    args = parser.parse_args(argv)
+
+    if args.cache:
+        from keyrank.bench import cache as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, candidates=_or(args.docs, 20, 100), repeats=args.repeats)
+    elif args.processes:
+        from keyrank.bench import processes as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, candidates=_or(args.docs, 20, 100),
+                                 requests=args.requests or 12, workers=args.workers)
+    elif args.buckets:
+        from keyrank.bench import buckets as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, n_requests=args.requests or 5, repeats=args.repeats)
+    elif args.gpu:
+        from keyrank.bench import gpu as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 50, workers=args.workers)
+    else:
+        from keyrank.bench import preprocessing as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, args.docs, args.max_chars, args.repeats)
+    mode_module.print_table(result)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _or(value: int, default_of_parser: int, default_here: int) -> int:
+    """--docs keeps its historical default (20 meetings); the request modes default to 100 candidates."""
+    return default_here if value == default_of_parser else value
