@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--warmup", type=float, default=d.warmup)
     train.add_argument("--attention-dropout", type=float, default=d.attention_dropout, help="attention dropout while training (-1 = the checkpoint's)")
     train.add_argument("--train-encoder", action="store_true", help="PARADE: train the cross-encoder too (default: frozen, cached pooled vectors)")
+    train.add_argument("--cache-dir", type=Path, default=None, help="teacher scores / pooled vectors (default out/cache); shareable between runs")
     train.add_argument("--seed", type=int, default=d.seed)
     train.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="optimizer steps")
     train.add_argument("--stop-after-steps", type=int, default=None, help="end after N steps (state saved); run again to continue")
@@ -99,7 +100,8 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         loss=args.loss, margin=args.margin, negatives=args.negatives, distill=args.distill, temperature=args.temperature,
         epochs=args.epochs, max_groups=args.max_groups, groups_per_step=args.groups_per_step,
         sequences_per_forward=args.sequences_per_forward, lr=args.lr, aggregator_lr=args.aggregator_lr, warmup=args.warmup,
-        attention_dropout=None if args.attention_dropout < 0 else args.attention_dropout, freeze_encoder=not args.train_encoder, seed=args.seed, checkpoint_every=args.checkpoint_every,
+        cache_dir=args.cache_dir, attention_dropout=None if args.attention_dropout < 0 else args.attention_dropout,
+        freeze_encoder=not args.train_encoder, seed=args.seed, checkpoint_every=args.checkpoint_every,
         stop_after_steps=args.stop_after_steps, resume=not args.restart,
         dev_max_queries=args.dev_max_queries, threads=args.threads, device=args.device, progress=not args.no_progress,
         settings=settings,

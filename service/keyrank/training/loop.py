@@ -34,6 +34,7 @@ from keyrank.training.planned import (
     TrainingGroup,
     epoch_groups,
     plan_all,
+    planning_strategy,
     spec_of,
 )
 from keyrank.training.recipe import FinetuneConfig, load_judged
@@ -96,7 +97,8 @@ class _Run:
 
     def cache_path(self, what: str) -> Path:
         shaping = self.settings.model_dump(exclude={"model_dir", "api_key"})
-        return self.out / "cache" / cache_key(self.manifest["cross_encoder"]["fingerprint"], shaping, what)
+        folder = Path(self.config.cache_dir) if self.config.cache_dir else self.out / "cache"
+        return folder / cache_key(self.manifest["cross_encoder"]["fingerprint"], shaping, what)
 
     def build_modules(self) -> None:
         from keyrank.pipeline import RerankOptions
@@ -251,7 +253,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
         run.teacher = TeacherScores(run.cache_path("teacher-maxp").with_suffix(".jsonl"))
         run.teacher.fill(run.reranker(), [q.judged for q in train], progress=c.progress)
     if not c.trains_encoder:
-        run.pooled = PooledVectors(run.cache_path(f"pooled-{c.strategy}"))
+        # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
+        run.pooled = PooledVectors(run.cache_path(f"pooled-{planning_strategy(c.strategy)}"))
         run.pooled.fill(run.reranker().scorer, train + dev, progress=c.progress)
     timings["caches_s"] = time.perf_counter() - started
 

@@ -98,6 +98,8 @@ class FinetuneConfig:
     """Attention-probability dropout while training (None = the checkpoint's; 0 is ~1.5x faster on CPU)."""
     freeze_encoder: bool | None = None
     """PARADE: keep the cross-encoder fixed and train only the aggregator (None = yes for PARADE)."""
+    cache_dir: Path | None = None
+    """Where teacher scores and pooled vectors are kept (None = out/cache); runs on one base model may share it."""
     seed: int = 0
     """Seeds sampling, dropout and initialisation; the same seed replays the same run."""
     checkpoint_every: int = 25
