@@ -61,6 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--distractors", type=int, default=farrelevant.DISTRACTORS, help="far-relevant filler-only documents per ranking")
     p.add_argument("--filler", choices=farrelevant.FILLERS, default="other-topics",
                    help="far-relevant filler: other queries' non-relevant passages, or the query's own (hard variant)")
+    p.add_argument("--dl20-topics", choices=("held-back", "train", "all"), default="held-back",
+                   help="far-relevant topics: the ones finetune never trains on (reported), its training ones, or all")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     queries = {
         t: tasks.build(t, args.data_dir, tokenizer, split=args.split, seed=args.seed, max_queries=args.max_queries,
                        segment_tokens=args.segment_tokens, offsets=offsets, distractors=args.distractors,
-                       filler=args.filler)
+                       filler=args.filler, dl20_topics=args.dl20_topics)
         for t in task_names
     }
     build_s = time.perf_counter() - started
@@ -131,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     (Path(out) / "config.json").write_text(json.dumps({
         "command": command, "seed": args.seed, "split": args.split, "tasks": task_names,
         "systems": [s.name for s in systems_], "max_queries": args.max_queries,
-        "segment_tokens": args.segment_tokens, "offsets": offsets, "distractors": args.distractors, "filler": args.filler,
+        "segment_tokens": args.segment_tokens, "offsets": offsets, "distractors": args.distractors, "filler": args.filler, "dl20_topics": args.dl20_topics,
         "concurrency": args.concurrency, "model_dir": str(settings.model_dir), "scorer": args.scorer, "memo": not args.no_memo,
         "triton_url": settings.triton_url, "build_s": build_s, "run_s": run_s,
     }, indent=2))

@@ -27,15 +27,20 @@ def expand(names: list[str]) -> list[str]:
 def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed: int = 0,
           max_queries: int | None = None, segment_tokens: int = qmsum.SEGMENT_TOKENS,
           offsets: tuple[int, ...] = farrelevant.OFFSETS,
-          distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics") -> list[EvalQuery]:
-    """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries."""
+          distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics",
+          dl20_topics: str = "held-back") -> list[EvalQuery]:
+    """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries.
+
+    ``dl20_topics``: ``held-back`` (default: the topics `keyrank finetune` never trains on,
+    training/splits.py), ``train`` or ``all``."""
     if task == "qmsum":
         queries = qmsum.build(data_dir, tokenizer, split=split, seed=seed, segment_tokens=segment_tokens)
     elif task in ("farrel", "farrel-bare"):
         # Sub-sample whole topics, the same for both, so every kept topic is seen at every offset.
-        topics = None
+        pool = dl20_pool(data_dir, dl20_topics)
+        topics = set(pool)
         if max_queries is not None:
-            topics = subsample_topics(farrelevant.usable_topics(data_dir), max(1, max_queries // len(offsets)), seed)
+            topics = subsample_topics(pool, max(1, max_queries // len(offsets)), seed)
         if task == "farrel":
             return farrelevant.build(data_dir, tokenizer, seed=seed, offsets=offsets, distractors=distractors,
                                      filler=filler, topics=topics)
@@ -45,6 +50,18 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
     else:
         raise ValueError(f"unknown task {task!r}")
     return subsample(queries, max_queries, seed)
+
+
+def dl20_pool(data_dir: Path, which: str) -> list[str]:
+    """Usable DL20 topics on one side of the fixed train / held-back split (or all of them)."""
+    from keyrank.training.splits import dl20_held_back
+
+    usable = farrelevant.usable_topics(data_dir)
+    if which == "all":
+        return list(usable)
+    if which not in ("held-back", "train"):
+        raise ValueError(f"dl20_topics must be held-back, train or all, not {which!r}")
+    return [q for q in usable if dl20_held_back(q) == (which == "held-back")]
 
 
 def subsample_topics(topics: list[str], n_topics: int, seed: int) -> set[str]:
