@@ -363,3 +363,19 @@ def test_a_model_that_fails_to_load_is_reported_with_the_server_log(prepared_mod
             server.wait_ready(60)
     finally:
         server.close()
+
+
+@pytest.mark.triton
+def test_scorer_is_not_ready_on_a_triton_that_is_not_the_expected_one(embedded_triton, sequences):
+    """Another process answering on the port (a second instance's Triton) must not pass readiness."""
+    s = _settings()
+
+    async def ready_as(server_id):
+        scorer = TritonScorer(embedded_triton.grpc_url, model=s.triton_model, pad_id=sequences[2], server_id=server_id)
+        try:
+            return await scorer.ready(timeout=5.0)
+        finally:
+            await scorer.close()
+
+    assert asyncio.run(ready_as(embedded_triton.server_id)) is True
+    assert asyncio.run(ready_as("someone-else")) is False

@@ -151,7 +151,7 @@ class Reranker:
         return TritonScorer(
             settings.triton_url, model=settings.triton_model, pad_id=pad_id, buckets=settings.length_buckets,
             batch_size=settings.triton_batch_size, max_in_flight=settings.triton_max_in_flight,
-            probe_timeout_s=settings.triton_connect_timeout_s,
+            probe_timeout_s=settings.triton_connect_timeout_s, server_id=settings.triton_server_id,
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
         )
 

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from keyrank import metrics
 from keyrank.errors import ScoringUnavailable
+from keyrank.supervision import serves_as
 from keyrank.scoring import (
     Batch,
     ModelInputs,
@@ -82,6 +83,7 @@ class TritonScorer:
         batch_size: int = 32,
         max_in_flight: int = 8,
         probe_timeout_s: float = 1.0,
+        server_id: str | None = None,
         max_shapes: int = 0,
         multiple: int = 32,
     ) -> None:
@@ -101,6 +103,8 @@ class TritonScorer:
         """Most Triton requests in flight from this process, over all callers."""
         self.probe_timeout_s: float = probe_timeout_s
         """Connect timeout of the channel and default timeout of ``ready``."""
+        self.server_id: str | None = server_id
+        """The ``--id`` the server must report (our embedded Triton, not another process on its port); None = any."""
         # gRPC aio channels and asyncio semaphores belong to the loop that made them: both are made
         # lazily on first use inside the running loop (the FastAPI app's), and remade if the loop changes.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,7 +222,8 @@ class TritonScorer:
         return logits, (result.as_numpy("pooled") if want_pooled else None)
 
     async def ready(self, timeout: float | None = None) -> bool:
-        """Server live and model ready, answered within ``timeout`` seconds (False otherwise)."""
+        """Server live, model ready and the server the one expected (``server_id``), answered within
+        ``timeout`` seconds (False otherwise)."""
         timeout = self.probe_timeout_s if timeout is None else timeout
         client, _ = self._connection()
         try:
@@ -226,6 +231,7 @@ class TritonScorer:
                 return bool(
                     await client.is_server_live(client_timeout=timeout)
                     and await client.is_model_ready(self.model, client_timeout=timeout)
+                    and await serves_as(client, self.server_id, timeout)
                 )
         except (InferenceServerException, grpc.RpcError, OSError, TimeoutError):
             return False
