@@ -85,3 +85,11 @@ def test_python_api_rejects_bad_options_by_name(reranker, kwargs, field):
     with pytest.raises(InvalidRequest) as err:
         reranker.rank("q", ["d"], **kwargs)
     assert err.value.field == field
+
+
+def test_a_per_request_window_cap_cuts_maxp_and_reports_it(reranker, meeting):
+    query, docs = meeting
+    full = reranker.rank(query, docs[:1], strategy="maxp")
+    capped = reranker.rank(query, docs[:1], strategy="maxp", max_windows_per_doc=2)
+    assert capped.usage.scored_sequences == 2 < full.usage.scored_sequences
+    assert capped.results[0].truncated and capped.usage.truncated_documents == 1

@@ -47,6 +47,9 @@ class RerankOptions:
     """Return only the best ``top_n`` documents."""
     max_tokens_per_doc: int | None = None
     """Read at most this many tokens of each document (the cut is reported)."""
+    max_windows_per_doc: int | None = None
+    """Windowed strategies: score at most this many windows per document (Cohere's max_chunks_per_doc);
+    None = the service's cap. The cut is reported."""
     timeout_s: float | None = None
     """Deadline of this request in seconds."""
 
@@ -134,14 +137,16 @@ class Pipeline:
         return self.template.document_budget(len(query), self.settings.max_sequence_length)
 
     # --- 2. segment ------------------------------------------------------------------------
-    def segment(self, docs: list[Encoded], spec: StrategySpec, budget: int) -> list[Spans]:
-        """Blocks (keyb2) or windows (windowed strategies) of every document; nothing for firstp."""
+    def segment(self, docs: list[Encoded], spec: StrategySpec, budget: int, max_windows: int | None = None) -> list[Spans]:
+        """Blocks (keyb2) or windows (windowed strategies, at most ``max_windows`` or the service's cap
+        per document) of every document; nothing for firstp."""
         s = self.settings
         if spec.cut == "blocks":
             return self.documents.blocks(docs, lambda d: blocks(d, self.break_costs, s.block_max_tokens, s.block_cost))
         if spec.windowed:
             stride = budget if spec.cut == "disjoint" else (s.window_stride or max(1, budget // 2))
-            return [windows(len(d), budget, stride, s.max_windows_per_doc) for d in docs]
+            cap = min(max_windows, s.max_windows_per_doc) if max_windows else s.max_windows_per_doc
+            return [windows(len(d), budget, stride, cap) for d in docs]
         return []
 
     # --- 3. select ------------------------------------------------------------------------
@@ -224,7 +229,7 @@ class Pipeline:
         spec, selector = self.resolve(options)
         query_enc, docs = self.encode(query, documents, options.max_tokens_per_doc)
         budget = self.budget(query_enc)
-        pieces = self.segment(docs, spec, budget)
+        pieces = self.segment(docs, spec, budget, options.max_windows_per_doc)
         scores: list[np.ndarray] = []
         if spec.needs_selector:
             if selector == "cross":

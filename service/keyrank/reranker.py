@@ -172,7 +172,7 @@ class Reranker:
         budget = p.budget(query_enc)
 
         started = time.perf_counter()
-        pieces = await asyncio.to_thread(p.segment, docs, spec, budget)
+        pieces = await asyncio.to_thread(p.segment, docs, spec, budget, options.max_windows_per_doc)
         timer.add("segment", started)
 
         block_scores: list[np.ndarray] = []
@@ -245,11 +245,13 @@ class Reranker:
         top_n: int | None = None,
         max_tokens_per_doc: int | None = None,
         timeout_s: float | None = None,
+        max_windows_per_doc: int | None = None,
     ) -> Ranking:
         """Blocking ``arank``, for scripts and notebooks (runs on a private event loop)."""
         if self._loop is None:
             self._loop = _LoopThread()
-        options = RerankOptions(strategy, selector, top_n, max_tokens_per_doc, timeout_s)
+        options = RerankOptions(strategy=strategy, selector=selector, top_n=top_n, max_tokens_per_doc=max_tokens_per_doc,
+                                max_windows_per_doc=max_windows_per_doc, timeout_s=timeout_s)
         return self._loop.run(self.arank(query, documents, options))
 
     @classmethod
@@ -330,6 +332,8 @@ def _check(query: str, documents: Sequence[str], options: RerankOptions) -> None
         raise InvalidRequest("top_n must be at least 1", field="top_n")
     if options.max_tokens_per_doc is not None and options.max_tokens_per_doc < 1:
         raise InvalidRequest("max_tokens_per_doc must be at least 1", field="max_tokens_per_doc")
+    if options.max_windows_per_doc is not None and options.max_windows_per_doc < 1:
+        raise InvalidRequest("max_windows_per_doc must be at least 1", field="max_windows_per_doc")
 
 
 def _evidence(doc: Encoded, passage: Passage) -> list[Evidence]:

@@ -7,7 +7,7 @@
 - POST /v2/rerank: Cohere's v2 shape; errors carry ``message``.
 
 Both rank with the default strategy and selector. Every field the vendors' APIs and SDKs send is
-accepted; those that change nothing here (``priority``, ``max_chunks_per_doc``,
+accepted; those that change nothing here (``priority``, ``max_chunks_per_doc`` unless the strategy cuts windows,
 ``return_embeddings``, a ``model`` other than the served one, fields unknown to us) are named in
 the ``X-Keyrank-Ignored-Fields`` header. Scores are the sigmoid of keyrank's, in [0, 1] as these
 clients expect, in the same order.
@@ -28,6 +28,7 @@ from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, sigmoid, timing_header
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
+from keyrank.strategies import REGISTRY
 from keyrank.schemas import (
     CohereRerankRequest,
     CohereRerankResponse,
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 router = APIRouter(tags=["drop-in (Jina, Cohere)"])
 
 IGNORED_HEADER = "X-Keyrank-Ignored-Fields"
-_IGNORED = frozenset({"max_chunks_per_doc", "return_embeddings", "priority"})
+_IGNORED = frozenset({"return_embeddings", "priority"})
 """Vendor fields accepted for compatibility that change nothing here."""
 _MAX_NAMED = 32
 """At most this many ignored fields are named in the header (it must stay a header)."""
@@ -52,7 +53,7 @@ _MAX_NAMED = 32
 )
 async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
-    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc)
+    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
     ranking = await rank(request, body.query, texts, options)
     model = served_model(request, ranking)
     answer = {
@@ -68,7 +69,7 @@ async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
 @router.post("/v2/rerank", response_model=CohereRerankResponse, responses=V2_ERRORS, summary="Cohere v2 rerank shape.")
 async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
-    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc)
+    options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
     ranking = await rank(request, body.query, texts, options)
     answer = {
         "id": request.state.request_id,
@@ -116,9 +117,13 @@ def _meta(version: str, n_documents: int) -> dict[str, Any]:
     return {"api_version": {"version": version}, "billed_units": {"search_units": max(1, math.ceil(n_documents / 100))}}
 
 
-def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str) -> list[str]:
-    """Fields the caller sent that changed nothing: vendor-only ones, unknown ones, another model's name."""
-    names = sorted((body.model_fields_set & _IGNORED) | set(body.model_extra or {}))
+def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str, strategy: str | None = None) -> list[str]:
+    """Fields the caller sent that changed nothing: vendor-only ones, unknown ones, another model's name,
+    ``max_chunks_per_doc`` when the strategy served cuts no windows (keyb2, firstp)."""
+    ignored = set(_IGNORED)
+    if strategy is not None and not REGISTRY[strategy].windowed:
+        ignored.add("max_chunks_per_doc")
+    names = sorted((body.model_fields_set & ignored) | set(body.model_extra or {}))
     if body.model is not None and body.model != model:
         names.insert(0, "model")
     return names
@@ -126,7 +131,7 @@ def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str) -> l
 
 def _headers(ranking: Ranking, body: V1RerankRequest | CohereRerankRequest, model: str) -> dict[str, str]:
     headers = timing_header(ranking)
-    ignored = ignored_fields(body, model)
+    ignored = ignored_fields(body, model, ranking.strategy)
     if ignored:
         # Unknown field names are the caller's text: percent-encoded so they stay one header line.
         named = [quote(name, safe="_-.") for name in ignored[:_MAX_NAMED]]
