@@ -217,3 +217,27 @@ def test_losses_prefer_the_relevant_document_first():
     assert hinge(right) == 0 and hinge(wrong) > 0  # KeyB: margin 1 met by every pair
     assert listwise(right) < listwise(wrong)
     assert distillation(right, right) == pytest.approx(0.0, abs=1e-6) and distillation(wrong, right) > 0
+
+
+def test_distillation_reads_the_base_models_served_maxp_scores_cached_once(toy):
+    from keyrank.reranker import Reranker
+    from keyrank.training import finetune
+    from keyrank.training.cache import TeacherScores
+    from keyrank.training.recipe import TrecFiles
+
+    result = finetune(model=str(toy["model"]), out=toy["root"] / "distill", strategy="firstp", trec=TrecFiles(*toy["trec"]),
+                      max_queries=3, distill=0.5, epochs=1, progress=False, threads=2, dev_max_queries=1)
+    assert result.finished and np.isfinite(result.history[0]["loss"])
+    (cache,) = (result.out / "cache").glob("teacher-maxp-*.jsonl")
+    rows = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert len(rows) == 3
+    judged = {q.qid: q for q in from_trec(*toy["trec"])}
+    with Reranker.local(result.out / "base") as base:
+        for row in rows:
+            q = judged[row["qid"]]
+            served = {q.doc_ids[r.index]: r.score for r in base.rank(q.query, list(q.texts), strategy="maxp").results}
+            assert row["scores"] == pytest.approx(served, abs=1e-5)
+        # Reopened, the cache has every score: nothing is computed or written again.
+        before = cache.stat().st_mtime_ns
+        TeacherScores(cache).fill(base, [judged[row["qid"]] for row in rows], progress=False)
+    assert cache.stat().st_mtime_ns == before
