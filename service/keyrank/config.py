@@ -99,6 +99,9 @@ class Settings(BaseSettings):
     embedded_repair_backoff_s: float = Field(1.0, description="Wait before the 2nd repair in a row, doubling for each further one (capped at 30 s).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
+    embedded_device: Literal["cpu", "cuda"] = Field("cpu", description="Embedded Triton model: 'cpu' = triton-embedded/ (ONNX Runtime); 'cuda' = triton-embedded-cuda/ (PyTorch on the GPU, written by `keyrank prepare --device cuda`). Also read by that model (KEYRANK_EMBEDDED_DEVICE).")
+    embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
+    embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
     triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
 
     def with_overrides(self, **overrides: object) -> Settings:

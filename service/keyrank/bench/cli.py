@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.gpu:
         from keyrank.bench import gpu as mode_module
 
-        result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 50, workers=args.workers)
+        result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 100, workers=args.workers,
+                                 candidates=_or(args.docs, 20, 100))
     else:
         from keyrank.bench import preprocessing as mode_module
 

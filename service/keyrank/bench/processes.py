@@ -36,13 +36,13 @@ def _pipeline(model_dir: Path) -> Pipeline:
     return Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0))
 
 
-def _worker(model_dir: Path, query: str, docs: list[str], n: int, ready, start, done) -> None:
+def _worker(model_dir: Path, query: str, docs: list[str], n: int, options: RerankOptions, ready, start, done) -> None:
     pipeline = _pipeline(model_dir)
-    pipeline.plan(query, docs, OPTIONS)
+    pipeline.plan(query, docs, options)
     ready.put(os.getpid())
     start.wait()
     for _ in range(n):
-        pipeline.plan(query, docs, OPTIONS)
+        pipeline.plan(query, docs, options)
     done.put(time.perf_counter())
 
 
@@ -74,11 +74,12 @@ def threads(pipeline: Pipeline, query: str, docs: list[str], requests: int, n: i
         return time.perf_counter() - t0
 
 
-def worker_processes(model_dir: Path, query: str, docs: list[str], requests: int, n: int) -> float:
+def worker_processes(model_dir: Path, query: str, docs: list[str], requests: int, n: int, options: RerankOptions = OPTIONS) -> float:
+    """Seconds for ``n`` spawned processes to preprocess ``requests`` requests between them (from a barrier)."""
     ctx = mp.get_context("spawn")
     ready, done, start = ctx.Queue(), ctx.Queue(), ctx.Event()
     shares = [requests // n + (i < requests % n) for i in range(n)]
-    procs = [ctx.Process(target=_worker, args=(model_dir, query, docs, k, ready, start, done)) for k in shares]
+    procs = [ctx.Process(target=_worker, args=(model_dir, query, docs, k, options, ready, start, done)) for k in shares]
     for p in procs:
         p.start()
     for _ in procs:

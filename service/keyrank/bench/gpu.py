@@ -1,0 +1,227 @@
+"""`keyrank bench --gpu`: issue 10's figures in ONE run on ONE machine, printed as ratios.
+
+CPU (always):
+  - preprocessing ceiling: document tokens/s and queries/s of keyb2-bm25, maxp and
+    firstp requests (100 candidates of ~2k tokens of QMSum) over all cores
+    (one spawned process per core, as uvicorn workers; document cache off).
+GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
+  - bf16 matrix-multiply peak (8192^3, CUDA events) measured now;
+  - the cross-encoder at 512 tokens at saturation (``torch_encoder``, the code the
+    GPU Triton model runs): pairs/s, TFLOP/s from the model's FLOP count, % of peak;
+    bf16, fp16 and bf16 with CUDA graphs;
+  - end to end through HTTP: keyb2-bm25, maxp, firstp, p50/p99 at concurrency 1
+    and queries/s at saturation; gateway = `keyrank serve --workers N` on the
+    embedded GPU Triton (``triton-embedded-cuda``) when the nvidia-pytriton wheel
+    is installed, else ``python -m keyrank.gpu.gateway`` (model in-process);
+    cold (cache off, candidates drawn from a pool) and keyb2 with every document
+    seen before (cache on);
+  - the do-it-yourself baseline (bench/diy.py) on the same requests, and the ratio;
+  - ceilings side by side: CPU preprocessing q/s vs GPU scoring q/s per strategy.
+
+    keyrank bench --gpu --model-dir models --json runs/bench-gpu.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from keyrank.bench import http_load
+from keyrank.bench.processes import worker_processes
+from keyrank.bench.workloads import candidate_documents
+from keyrank.config import get_settings
+from keyrank.gpu.repository import REPOSITORY
+from keyrank.pipeline import Pipeline, RerankOptions
+from keyrank.triton_repository import MODEL_NAME
+
+SKIPPED = "GPU parts skipped: no CUDA device"
+STRATEGIES = (("keyb2", "bm25"), ("maxp", None), ("firstp", None))
+ISSUE_TARGETS = "keyb2-bm25 p50 <= 25 ms, p99 <= 60 ms (c=1); encoder >= 45% of bf16 peak; q/s >= 80% of min(ceilings) and >= 5x DIY"
+
+
+def cuda_device() -> str | None:
+    """The CUDA device's name, or None (no torch, no CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def _name(strategy: str, selector: str | None) -> str:
+    return strategy + (f"-{selector}" if selector else "")
+
+
+# --- CPU -----------------------------------------------------------------------------------
+def preprocessing_ceiling(model_dir: Path, query: str, docs: list[str], workers: int, requests: int, strategies=STRATEGIES) -> dict:
+    pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0))
+    tokens = sum(len(d) for d in pipeline.encode(query, docs)[1])
+    rows = {}
+    for strategy, selector in strategies:
+        options = RerankOptions(strategy=strategy, selector=selector)
+        sequences = len(pipeline.plan(query, docs, options).inputs)
+        seconds = worker_processes(model_dir, query, docs, requests, workers, options)
+        rows[_name(strategy, selector)] = {"qps": requests / seconds, "tokens_per_s": requests * tokens / seconds, "sequences_per_query": sequences}
+    return {"workers": workers, "tokens_per_query": tokens, "strategies": rows}
+
+
+# --- GPU: kernels ------------------------------------------------------------------------------
+def matmul_peak(n: int = 8192, iters: int = 10) -> float:
+    """bf16 TFLOP/s of an n^3 matrix product (mean of ``iters`` after 3 warm-ups)."""
+    import torch
+
+    a, b = (torch.randn(n, n, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * iters / (start.elapsed_time(end) / 1000) / 1e12
+
+
+def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, seconds: float = 2.0) -> dict:
+    """Pairs/s at 512 tokens per precision / CUDA graphs, best batch size; inputs and outputs cross the host as served."""
+    from keyrank.triton_embedded.torch_encoder import (
+        TorchCrossEncoder,
+        flops_per_sequence,
+    )
+
+    flops = flops_per_sequence(json.loads((folder / "checkpoint" / "config.json").read_text()), rows.shape[1])
+    out = {"flops_per_pair": flops, "variants": {}}
+    for name, dtype, graphs in (("bf16", "bfloat16", False), ("fp16", "float16", False), ("bf16+graphs", "bfloat16", True)):
+        encoder = TorchCrossEncoder(folder, device="cuda", dtype=dtype, cuda_graphs=graphs)
+        best = {"pairs_per_s": 0.0}
+        for batch in (32, 64, 128, 256, 512):
+            ids = np.resize(rows, (batch, rows.shape[1]))
+            feeds = (ids, np.ones_like(ids), np.zeros_like(ids))
+            for _ in range(3):
+                encoder(*feeds)
+            done, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                encoder(*feeds)
+                done += batch
+            rate = done / (time.perf_counter() - t0)
+            if rate > best["pairs_per_s"]:
+                best = {"pairs_per_s": rate, "batch": batch}
+        best["tflops"] = best["pairs_per_s"] * flops / 1e12
+        best["pct_of_peak"] = 100 * best["tflops"] / peak_tflops
+        out["variants"][name] = best
+        del encoder
+    return out
+
+
+# --- GPU: end to end ------------------------------------------------------------------------------
+def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int, concurrency: int, duration_s: float, workers: int,
+               log_dir: Path, device: str = "cuda", strategies=STRATEGIES, bodies_per_case: int = 50) -> dict:
+    """HTTP figures per strategy, cold and (keyb2) with every document seen before. ``device`` cpu: the same
+    path on a CPU (tests; the Triton model then needs KEYRANK_EMBEDDED_DEVICE=cpu)."""
+    env = {"KEYRANK_CAPACITY_SEQUENCES_PER_S": "100000", "KEYRANK_REQUEST_TIMEOUT_S": "120", "KEYRANK_TRITON_BATCH_SIZE": "64",
+           "KEYRANK_TRITON_MAX_IN_FLIGHT": "32", "KEYRANK_MAX_BODY_BYTES": str(64 * 2**20)}
+    triton = None
+    try:
+        import pytriton  # noqa: F401 -- only asks whether the wheel is there
+
+        from keyrank.triton_server import EmbeddedTriton
+
+        triton = EmbeddedTriton(model_dir / REPOSITORY, settings=get_settings().with_overrides(model_dir=model_dir, embedded_ready_timeout_s=600))
+        triton.start().wait_ready(600)
+    except ImportError:
+        triton = None
+    out = {"gateway": f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else "python -m keyrank.gpu.gateway (in-process torch, 1 process)", "strategies": {}}
+    try:
+        seen_before = tuple(c for c in strategies if c == ("keyb2", "bm25"))
+        for cache, cases in (("0", strategies), (str(1 << 30), seen_before)):
+            if not cases:
+                continue
+            port = http_load.free_port()
+            command = (http_load.keyrank_serve(model_dir, port, triton.grpc_url, workers) if triton else http_load.torch_gateway(model_dir, port, device))
+            with http_load.gateway(command, {**env, "KEYRANK_DOCUMENT_CACHE_BYTES": cache}, port, log_dir / f"gateway-cache{cache}.log") as url:
+                for strategy, selector in cases:
+                    warm = cache != "0"
+                    # Cold: every request its own draw from the pool. Seen before: one draw, sent again and again.
+                    bodies = http_load.bodies(queries, pool, strategy, selector, 1 if warm else bodies_per_case, candidates)
+                    row = {"latency": http_load.latency(url, bodies, requests), "saturation": http_load.saturation(url, bodies, concurrency, duration_s)}
+                    out["strategies"][_name(strategy, selector) + (" (seen before)" if warm else "")] = row
+    finally:
+        if triton is not None:
+            triton.stop()
+    return out
+
+
+def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 0, candidates: int = 100, concurrency: int = 64,
+        duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES) -> dict:
+    workers = workers or len(os.sched_getaffinity(0))
+    tokenizer = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)).tokenizer
+    pool, queries = candidate_documents(datasets, tokenizer, max(candidates * 2, 200))
+    device = cuda_device()
+    result = {
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)), "gpu": device},
+        "cpu": preprocessing_ceiling(model_dir, queries[0], pool[:candidates], workers, cpu_requests or 2 * workers, strategies),
+    }
+    if device is None:
+        result["skipped"] = SKIPPED
+        return result
+    folder = model_dir / REPOSITORY / MODEL_NAME / "1"
+    if not (folder / "encoder.json").exists():
+        raise SystemExit(f"{folder} missing: python -m keyrank.gpu.repository --out {model_dir} --model <checkpoint>")
+    pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
+    rows = np.stack([ids for ids in pipeline.plan(queries[0], pool[:20], RerankOptions(strategy="maxp")).inputs.ids if len(ids) == 512][:64])
+    peak = matmul_peak()
+    result["gpu"] = {"bf16_peak_tflops": peak, "encoder_512": encoder_saturation(folder, rows, peak)}
+    with tempfile.TemporaryDirectory() as logs:
+        result["gpu"]["http"] = end_to_end(model_dir, queries, pool, candidates=candidates, requests=requests, concurrency=concurrency,
+                                           duration_s=duration_s, workers=workers, log_dir=Path(logs))
+    from keyrank.bench import diy
+
+    rng = np.random.default_rng(1)
+    same = [(queries[i % len(queries)], [pool[j] for j in rng.choice(len(pool), size=candidates, replace=False)]) for i in range(10)]
+    result["gpu"]["diy_maxp"] = diy.measure(folder / "checkpoint", "cuda", same)
+    best = max(v["pairs_per_s"] for v in result["gpu"]["encoder_512"]["variants"].values())
+    result["ceilings_qps"] = {
+        name: {"cpu_preprocessing": row["qps"], "gpu_scoring": best / row["sequences_per_query"]}
+        for name, row in result["cpu"]["strategies"].items()
+    }
+    return result
+
+
+def print_table(result: dict) -> None:
+    m = result["machine"]
+    print(f"machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}")
+    cpu = result["cpu"]
+    print(f"CPU preprocessing ceiling, {cpu['workers']} processes, {cpu['tokens_per_query']:,} document tokens per query (cache off):")
+    for name, row in cpu["strategies"].items():
+        print(f"  {name:<12}{row['tokens_per_s']:>12,.0f} tokens/s{row['qps']:>8.2f} q/s  ({row['sequences_per_query']} sequences/query)")
+    if "skipped" in result:
+        print(result["skipped"])
+        return
+    g = result["gpu"]
+    print(f"bf16 matmul peak: {g['bf16_peak_tflops']:.0f} TFLOP/s")
+    enc = g["encoder_512"]
+    print(f"cross-encoder at 512 tokens ({enc['flops_per_pair'] / 1e9:.1f} GFLOP/pair):")
+    for name, row in enc["variants"].items():
+        print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak")
+    http = g["http"]
+    print(f"end to end through HTTP ({http['gateway']}):")
+    for name, row in http["strategies"].items():
+        lat, sat = row["latency"], row["saturation"]
+        print(f"  {name:<24} c=1 p50 {lat['p50_ms']:>7.1f} ms  p99 {lat['p99_ms']:>7.1f} ms   c={sat['concurrency']} {sat['qps']:>7.1f} q/s")
+    diy = g["diy_maxp"]
+    print(f"do-it-yourself CrossEncoder fp16 MaxP: p50 {diy['p50_ms']:.0f} ms, {diy['qps']:.2f} q/s")
+    for name in ("keyb2-bm25", "maxp"):
+        if name in http["strategies"]:
+            print(f"  keyrank {name} at saturation / DIY: {http['strategies'][name]['saturation']['qps'] / diy['qps']:.1f}x")
+    print("ceilings (q/s): CPU preprocessing vs GPU scoring")
+    for name, row in result["ceilings_qps"].items():
+        sat = http["strategies"].get(name, {}).get("saturation", {}).get("qps")
+        share = f", sustained {sat:.1f} = {100 * sat / min(row.values()):.0f}% of the lower" if sat else ""
+        print(f"  {name:<12} CPU {row['cpu_preprocessing']:>8.1f}  GPU {row['gpu_scoring']:>8.1f}{share}")
+    print(f"issue 10 targets: {ISSUE_TARGETS}")

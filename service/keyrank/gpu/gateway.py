@@ -1,0 +1,54 @@
+"""The gateway scoring with ``TorchScorer`` in its own process (no Triton): for a GPU machine
+without the nvidia-pytriton wheel, and for the benchmark.
+
+    python -m keyrank.gpu.gateway --model-dir models --port 8080 --device cuda
+
+One uvicorn process (the model lives in it); every other setting is the usual KEYRANK_*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import uvicorn
+
+from keyrank.config import get_settings
+from keyrank.gpu.repository import REPOSITORY
+from keyrank.triton_repository import MODEL_NAME
+
+
+def build_app(model_dir: Path, device: str, dtype: str, cuda_graphs: bool):
+    from keyrank.api import create_app
+    from keyrank.gpu.scorer import TorchScorer
+    from keyrank.pipeline import load_template
+    from keyrank.reranker import Reranker
+
+    settings = get_settings().with_overrides(model_dir=model_dir)
+    manifest = json.loads((settings.gateway_dir / "manifest.json").read_text())
+    template = load_template(manifest, settings.gateway_dir)
+    scorer = TorchScorer(
+        model_dir / REPOSITORY / MODEL_NAME / "1", pad_id=template.pad_id, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+        buckets=settings.length_buckets, batch_size=max(64, settings.triton_batch_size),
+        max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
+    )
+    return create_app(settings, Reranker(settings, scorer=scorer))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m keyrank.gpu.gateway", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    parser.add_argument("--cuda-graphs", action="store_true")
+    args = parser.parse_args(argv)
+    app = build_app(args.model_dir, args.device, args.dtype, args.cuda_graphs)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

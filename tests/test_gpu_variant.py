@@ -1,0 +1,147 @@
+"""The embedded repository's GPU variant (PyTorch, SDPA), run here on the CPU: the same code the
+GPU runs, the same tensors, the scores of the ONNX export. On a CUDA machine the fp16/bf16
+comparison runs too."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from keyrank.bench.workloads import dl20_requests
+from keyrank.config import Settings
+from keyrank.gpu.repository import REPOSITORY, write_gpu_repository
+from keyrank.pipeline import Pipeline, RerankOptions
+from keyrank.scoring import ModelInputs, bucket_batches
+from keyrank.scoring.local import LocalScorer
+from keyrank.triton_embedded.torch_encoder import TorchCrossEncoder, flops_per_sequence
+from keyrank.triton_repository import MODEL_NAME
+from shared_data import CE_MODEL, DATASETS
+
+torch = pytest.importorskip("torch")
+FIXED = [64, 128, 256, 384, 512]
+
+
+@pytest.fixture(scope="module")
+def gpu_models(prepared_models: Path, tmp_path_factory) -> Path:
+    """A model directory with the real gateway assets and the GPU variant written for device=cpu, fp32."""
+    out = tmp_path_factory.mktemp("gpu-models")
+    (out / "gateway").symlink_to((prepared_models / "gateway").resolve())
+    manifest = json.loads((prepared_models / "gateway" / "manifest.json").read_text())
+    write_gpu_repository(out, manifest["cross_encoder"], CE_MODEL, device="cpu", dtype="float32", max_batch_size=64)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sequences(prepared_models: Path) -> ModelInputs:
+    """Real model inputs of very different lengths: DL20 passages (short) and joined passages (long)."""
+    pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared_models, document_cache_bytes=0))
+    query, docs = dl20_requests(DATASETS, 1)[0]
+    short = pipeline.plan(query, docs[:12], RerankOptions(strategy="firstp")).inputs
+    long = pipeline.plan(query, [" ".join(docs[i : i + 8]) for i in range(0, 32, 8)], RerankOptions(strategy="firstp")).inputs
+    return short + long
+
+
+@pytest.fixture(scope="module")
+def onnx_scores(prepared_models: Path, sequences):
+    onnx = prepared_models / "triton" / MODEL_NAME / "1" / "model.onnx"
+    return LocalScorer(onnx, pad_id=0, buckets=FIXED, threads=2).score_sync(sequences, want_pooled=True)
+
+
+def _torch_scores(encoder: TorchCrossEncoder, sequences: ModelInputs) -> tuple[np.ndarray, np.ndarray]:
+    logits, pooled = np.empty(len(sequences), np.float32), np.empty((len(sequences), 384), np.float32)
+    for batch in bucket_batches(sequences, buckets=FIXED, batch_size=16, pad_id=0, max_shapes=4):
+        out_logits, out_pooled = encoder(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        logits[batch.rows], pooled[batch.rows] = out_logits[:, -1], out_pooled
+    return logits, pooled
+
+
+def _folder(gpu_models: Path) -> Path:
+    return gpu_models / REPOSITORY / MODEL_NAME / "1"
+
+
+def test_the_gpu_variants_code_on_cpu_in_fp32_gives_the_onnx_scores(gpu_models, sequences, onnx_scores):
+    encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="float32")
+    logits, pooled = _torch_scores(encoder, sequences)
+    np.testing.assert_allclose(logits, onnx_scores.logits, atol=1e-4)
+    np.testing.assert_allclose(pooled, onnx_scores.pooled, atol=1e-4)
+
+
+def test_half_precision_stays_within_tolerance_and_keeps_the_ranking(gpu_models, sequences, onnx_scores):
+    encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="bfloat16")  # bf16 runs on CPUs too
+    logits, _ = _torch_scores(encoder, sequences)
+    assert np.abs(logits - onnx_scores.logits).max() < 0.1
+    assert np.corrcoef(np.argsort(np.argsort(logits)), np.argsort(np.argsort(onnx_scores.logits)))[0, 1] > 0.98
+
+
+def _tensors(config: str) -> list[tuple[str, str, str]]:
+    return re.findall(r'name: "(\w+)" data_type: (TYPE_\w+) dims: \[ ([^\]]+) \]', config)
+
+
+def test_the_gpu_repository_declares_the_tensors_of_the_onnx_repositories(gpu_models, prepared_models):
+    gpu = (gpu_models / REPOSITORY / MODEL_NAME / "config.pbtxt").read_text()
+    for other in ("triton", "triton-embedded"):
+        assert _tensors(gpu) == _tensors((prepared_models / other / MODEL_NAME / "config.pbtxt").read_text())
+    assert 'key: "device" value: { string_value: "cpu" }' in gpu and 'backend: "python"' in gpu
+    assert (_folder(gpu_models) / "torch_encoder.py").exists() and (_folder(gpu_models) / "checkpoint" / "tokenizer.json").exists()
+
+
+def test_the_flop_count_used_for_percent_of_peak_agrees_with_torchs_flop_counter(gpu_models):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from transformers import AutoModelForSequenceClassification
+
+    # Eager attention: its two batched matmuls are counted (the CPU SDPA kernel is not).
+    model = AutoModelForSequenceClassification.from_pretrained(_folder(gpu_models) / "checkpoint", attn_implementation="eager").eval()
+    ids = torch.ones((1, 512), dtype=torch.long)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    config = json.loads((_folder(gpu_models) / "checkpoint" / "config.json").read_text())
+    assert flops_per_sequence(config, 512) == pytest.approx(counter.get_total_flops(), rel=0.02)
+
+
+def test_the_torch_scorer_ranks_like_onnx_runtime(gpu_models, prepared_models):
+    from keyrank.gpu.scorer import TorchScorer
+    from keyrank.reranker import Reranker
+
+    query, docs = dl20_requests(DATASETS, 2)[1]
+    settings = Settings(model_dir=prepared_models)
+    with Reranker(settings, scorer=TorchScorer(_folder(gpu_models), pad_id=0, device="cpu", dtype="float32")) as reranker:
+        torch_ranking = reranker.rank(query, docs[:20], strategy="maxp")
+    with Reranker.local(prepared_models, threads=2) as local:
+        onnx_ranking = local.rank(query, docs[:20], strategy="maxp")
+    assert [r.index for r in torch_ranking.results] == [r.index for r in onnx_ranking.results]
+    np.testing.assert_allclose([r.score for r in torch_ranking.results], [r.score for r in onnx_ranking.results], atol=1e-4)
+
+
+@pytest.mark.triton
+def test_embedded_triton_serves_the_gpu_variant_with_the_onnx_scores(gpu_models, sequences, onnx_scores):
+    from keyrank.scoring.triton import TritonScorer
+    from keyrank.triton_server import EmbeddedTriton
+
+    settings = Settings(model_dir=gpu_models, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    with EmbeddedTriton(gpu_models / REPOSITORY, settings=settings) as server:
+        async def score():
+            scorer = TritonScorer(server.grpc_url, model=MODEL_NAME, pad_id=0, buckets=FIXED, batch_size=8, max_shapes=4)
+            try:
+                return await scorer.score(sequences, want_pooled=True, deadline=time.monotonic() + 120)
+            finally:
+                await scorer.close()
+
+        scores = asyncio.run(score())
+    np.testing.assert_allclose(scores.logits, onnx_scores.logits, atol=1e-4)
+    np.testing.assert_allclose(scores.pooled, onnx_scores.pooled, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_on_cuda_half_precision_scores_are_within_fp16_tolerance_of_fp32_onnx(gpu_models, sequences, onnx_scores, dtype):
+    for graphs in (False, True):
+        encoder = TorchCrossEncoder(_folder(gpu_models), device="cuda", dtype=dtype, cuda_graphs=graphs)
+        logits, pooled = _torch_scores(encoder, sequences)
+        assert np.abs(logits - onnx_scores.logits).max() < 0.1, (dtype, graphs)
+        assert np.abs(pooled - onnx_scores.pooled).max() < 0.05, (dtype, graphs)
