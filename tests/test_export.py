@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from google.protobuf import text_format
-from keyrank import export
+from keyrank import export, onnx_export
 from keyrank.export import ExportMismatch, prepare
 from keyrank.triton_repository import triton_config
 from shared_data import CE_MODEL, DATASETS
@@ -269,11 +269,11 @@ def test_other_architectures_export_with_pooled_as_the_final_linears_input(tmp_p
 
 def test_an_onnx_graph_off_by_more_than_atol_is_refused():
     reference = np.array([[3.9349], [-1.25]], dtype=np.float32)
-    assert export._check("logits", reference, reference + 5e-4, atol=1e-3) == pytest.approx(5e-4, rel=1e-3)
+    assert onnx_export._check("logits", reference, reference + 5e-4, atol=1e-3) == pytest.approx(5e-4, rel=1e-3)
     with pytest.raises(ExportMismatch, match="1.4"):
-        export._check("logits", reference, reference + np.array([[0.0], [1.4]], dtype=np.float32), atol=1e-3)
+        onnx_export._check("logits", reference, reference + np.array([[0.0], [1.4]], dtype=np.float32), atol=1e-3)
     with pytest.raises(ExportMismatch):
-        export._check("logits", reference, np.full_like(reference, np.nan), atol=1e-3)
+        onnx_export._check("logits", reference, np.full_like(reference, np.nan), atol=1e-3)
 
 
 def test_cli_reports_the_diffs_and_sizes(prepared_models, tmp_path, capsys):
@@ -304,8 +304,11 @@ def test_embedded_model_merges_same_shape_requests_and_splits_the_answers_back(e
         enc = tokenizer([q for q, _ in pairs], [p for _, p in pairs], padding="max_length", truncation="only_second", max_length=width, return_tensors="np")
         requests.append({k: enc[k].astype(np.int64) for k in INPUTS})
 
+    from keyrank.triton_server import GRPC_ADMIN_HEADER
+
     client = grpcclient.InferenceServerClient(embedded_triton.grpc_url)
-    before = client.get_inference_statistics("cross_encoder").model_stats[0]
+    admin = {GRPC_ADMIN_HEADER: embedded_triton.admin_key}  # statistics are a restricted (admin) API
+    before = client.get_inference_statistics("cross_encoder", headers=admin).model_stats[0]
     results: list = [None] * len(requests)
     done = []
 
@@ -323,7 +326,7 @@ def test_embedded_model_merges_same_shape_requests_and_splits_the_answers_back(e
     deadline = time.monotonic() + 120
     while len(done) < len(requests) and time.monotonic() < deadline:
         time.sleep(0.05)
-    after = client.get_inference_statistics("cross_encoder").model_stats[0]
+    after = client.get_inference_statistics("cross_encoder", headers=admin).model_stats[0]
     client.close()
 
     assert len(done) == len(requests)

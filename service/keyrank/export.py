@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from keyrank.errors import KeyrankError, ModelAssetsMissing
-from keyrank.onnx_export import ExportMismatch, export_bi_encoder, export_cross_encoder
+from keyrank.onnx_export import ExportMismatch, export_cross_encoder
+from keyrank.select.dense_export import export_bi_encoder
 from keyrank.triton_repository import MODEL_NAME, write_if_changed, write_repositories
 
 log = logging.getLogger(__name__)
