@@ -1,6 +1,9 @@
-"""The preprocessing benchmark runs, and (slow marker) meets its goal."""
+"""The benchmarks run: preprocessing (its goal slow-marked), and `--gpu` on a machine without CUDA."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 from keyrank.bench import CASES, run
@@ -22,3 +25,43 @@ def test_preprocessing_keeps_at_least_half_the_raw_tokenizer_speed(prepared_mode
     for name, row in result["strategies"].items():
         if "dense" not in name:  # the bi-encoder is a neural model, not preprocessing
             assert row["ratio_to_raw"] >= 0.5, (name, row)
+
+
+def test_gpu_bench_without_cuda_measures_the_cpu_ceiling_and_says_the_gpu_parts_were_skipped(prepared_models, capsys):
+    from keyrank.bench import main
+    from keyrank.bench.gpu import SKIPPED, cuda_device
+
+    if cuda_device() is not None:
+        pytest.skip("a CUDA device is present: the GPU parts run (see docs/PERFORMANCE.md)")
+    assert main(["--gpu", "--model-dir", str(prepared_models), "--datasets", str(DATASETS), "--docs", "8", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert SKIPPED == "GPU parts skipped: no CUDA device" and SKIPPED in out
+    for strategy in ("keyb2-bm25", "maxp", "firstp"):
+        assert re.search(rf"{strategy}\s+[\d,]+ tokens/s\s+[\d.]+ q/s", out), out
+
+
+@pytest.mark.slow
+def test_gpu_bench_http_and_baseline_parts_run_end_to_end_on_cpu(prepared_models, tmp_path, monkeypatch):
+    # The GPU parts' HTTP harness and baseline, on this CPU: the GPU variant written for cpu/fp32,
+    # served by the real embedded Triton behind `keyrank serve --workers 2`.
+    from keyrank.bench import diy
+    from keyrank.bench.gpu import end_to_end
+    from keyrank.bench.workloads import candidate_documents
+    from keyrank.config import Settings
+    from keyrank.gpu.repository import REPOSITORY, write_gpu_repository
+    from keyrank.pipeline import Pipeline
+    from shared_data import CE_MODEL
+
+    (tmp_path / "gateway").symlink_to((prepared_models / "gateway").resolve())
+    manifest = json.loads((prepared_models / "gateway" / "manifest.json").read_text())
+    write_gpu_repository(tmp_path, manifest["cross_encoder"], CE_MODEL, device="cpu", dtype="float32", max_batch_size=32)
+    monkeypatch.setenv("KEYRANK_EMBEDDED_DEVICE", "cpu")
+    tokenizer = Pipeline.from_model_dir(Settings(model_dir=prepared_models)).tokenizer
+    pool, queries = candidate_documents(DATASETS, tokenizer, 6, tokens=300)
+    http = end_to_end(tmp_path, queries, pool, candidates=3, requests=2, concurrency=2, duration_s=3, workers=2,
+                      log_dir=tmp_path, device="cpu", strategies=(("keyb2", "bm25"), ("firstp", None)), bodies_per_case=2)
+    assert set(http["strategies"]) == {"keyb2-bm25", "firstp", "keyb2-bm25 (seen before)"}
+    for row in http["strategies"].values():
+        assert 0 < row["latency"]["p50_ms"] <= row["latency"]["p99_ms"] and row["saturation"]["qps"] > 0
+    baseline = diy.measure(tmp_path / REPOSITORY / "cross_encoder" / "1" / "checkpoint", "cpu", [(queries[0], pool[:3])] * 2)
+    assert baseline["qps"] > 0

@@ -92,7 +92,6 @@ def test_the_gpu_repository_declares_the_tensors_of_the_onnx_repositories(gpu_mo
 
 def test_the_flop_count_used_for_percent_of_peak_agrees_with_torchs_flop_counter(gpu_models):
     from torch.utils.flop_counter import FlopCounterMode
-
     from transformers import AutoModelForSequenceClassification
 
     # Eager attention: its two batched matmuls are counted (the CPU SDPA kernel is not).

@@ -161,7 +161,7 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
         duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES) -> dict:
     workers = workers or len(os.sched_getaffinity(0))
     tokenizer = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)).tokenizer
-    pool, queries = candidate_documents(datasets, tokenizer, max(candidates * 2, 200))
+    pool, queries = candidate_documents(datasets, tokenizer, 2 * candidates)  # cold requests draw from twice their size
     device = cuda_device()
     result = {
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)), "gpu": device},
