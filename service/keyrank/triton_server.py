@@ -26,8 +26,6 @@ import subprocess
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -255,13 +253,6 @@ class EmbeddedTriton:
             raise EmbeddedTritonError(f"cannot start {wheel.binary}: {spawned[0]}") from spawned[0]
         self._proc = spawned[0]
 
-    def _probe(self, path: str) -> bool:
-        try:
-            with urllib.request.urlopen(self.http_url + path, timeout=1.0) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
     def _exited_message(self, code: int | None) -> str:
         tail = self.log_tail()
         taken = re.search(r"(\d+\.\d+\.\d+\.\d+):(\d+)'? already in use", tail) or re.search(r":(\d+)\D{0,40}already in use", tail)
@@ -287,8 +278,8 @@ class EmbeddedTriton:
             # Another process on our port would answer the health probes: only our own id counts.
             if (
                 self.admin.server_id() == self.server_id
-                and self._probe("/v2/health/ready")
-                and self._probe(f"/v2/models/{self.model}/ready")
+                and self.admin.server_ready()
+                and self.admin.model_ready(self.model)
             ):
                 # On CPU a warm-up buys nothing (first runs cost what later ones do) and it delays a
                 # repair by seconds: a reload uses this config without it.
