@@ -126,17 +126,18 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
     path on a CPU (tests; the Triton model then needs KEYRANK_EMBEDDED_DEVICE=cpu)."""
     env = {"KEYRANK_CAPACITY_SEQUENCES_PER_S": "100000", "KEYRANK_REQUEST_TIMEOUT_S": "120", "KEYRANK_TRITON_BATCH_SIZE": "64",
            "KEYRANK_TRITON_MAX_IN_FLIGHT": "32", "KEYRANK_MAX_BODY_BYTES": str(64 * 2**20)}
-    triton = None
+    triton, why = None, ""
     try:
-        import pytriton  # noqa: F401 -- only asks whether the wheel is there
-
         from keyrank.triton_server import EmbeddedTriton
 
         triton = EmbeddedTriton(model_dir / REPOSITORY, settings=get_settings().with_overrides(model_dir=model_dir, embedded_ready_timeout_s=600))
         triton.start().wait_ready(600)
-    except ImportError:
-        triton = None
-    out = {"gateway": f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else "python -m keyrank.gpu.gateway (in-process torch, 1 process)", "strategies": {}}
+    except Exception as exc:  # noqa: BLE001 -- no wheel, no stub for this Python, model failed: say so, use the in-process gateway
+        if triton is not None:
+            triton.stop()
+        triton, why = None, f" (embedded Triton unavailable: {type(exc).__name__}: {str(exc)[:200]})"
+    gateway = f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else f"python -m keyrank.gpu.gateway (model in-process, 1 process){why}"
+    out = {"gateway": gateway, "strategies": {}}
     try:
         seen_before = tuple(c for c in strategies if c == ("keyb2", "bm25"))
         for cache, cases in (("0", strategies), (str(1 << 30), seen_before)):

@@ -42,6 +42,8 @@ def candidate_documents(datasets: Path, tokenizer: TextTokenizer, count: int, to
     docs: list[str] = []
     queries: list[str] = []
     for split in ("val", "train"):
+        if split == "train" and not (datasets / "qmsum" / split).is_dir():
+            break  # a trimmed copy (the GPU machine's) holds val only
         for meeting in _meetings(datasets, split):
             (enc,) = tokenizer.encode_documents([_transcript(meeting)])
             queries += [q["query"] for q in meeting.get("specific_query_list", [])]

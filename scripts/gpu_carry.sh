@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Build .gpu/: what `keyrank bench --gpu` needs on the device machine, within its 64 MiB per call.
+#   .gpu/models/   gateway assets (no bi-encoder) + triton-embedded-cuda/ (bf16 weights, ~46 MB)
+#   .gpu/datasets/ QMSum val only (~4 MB): the 100 x 2k-token candidates come from it
+#   .gpu/wheels/   the gateway's pure-Python dependencies the device image lacks (~5 MB, Python 3.12)
+# The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
+# the same model code in the gateway process (python -m keyrank.gpu.gateway) and says so.
+# Usage (repository root): bash scripts/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
+set -euo pipefail
+MODELS=${1:-models}
+CHECKPOINT=${2:-../shared/models/ce-minilm-l6}
+PY=${PY:-.venv/bin/python}
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
+rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/datasets/qmsum .gpu/wheels
+cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/models/gateway/
+"$PY" -m keyrank.gpu.repository --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
+cp -r ../shared/datasets/qmsum/val .gpu/datasets/qmsum/
+# The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
+NAMES="fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"
+PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" $NAMES)
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels $PINS
+du -sh .gpu .gpu/*
