@@ -45,6 +45,7 @@ def prepare(
     embedded_instances: int = 1,
     atol: float = 1e-3,
     force: bool = False,
+    instruction: str | None = None,
 ) -> dict:
     """Export ``model`` (hub id or local checkpoint) and the bi-encoder into ``out``; return the manifest."""
     out = Path(out)
@@ -53,22 +54,24 @@ def prepare(
     # Test sessions and engineers share models/: one prepare at a time, the others then find it done.
     with open(out / ".prepare.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force)
+        return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction)
 
 
-def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force) -> dict:
+def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction) -> dict:
     gateway = out / "gateway"
     manifest_path = gateway / "manifest.json"
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
 
     ce_dir = _resolve_checkpoint(model)
     ce_key = {"format": FORMAT_VERSION, "fingerprint": _fingerprint(ce_dir), "atol": atol}
+    if instruction:  # decoder rerankers: part of the prompt, so part of what was exported
+        ce_key["instruction"] = instruction
     ce_onnx = out / "triton" / MODEL_NAME / "1" / "model.onnx"
     ce_files = [ce_onnx, gateway / "tokenizer.json", gateway / "classifier_head.npz"]
     ce_entry = old.get("cross_encoder")
     if force or not _up_to_date(ce_entry, ce_key, ce_files):
         manifest_path.unlink(missing_ok=True)  # a crash mid-export must not leave a manifest that vouches for it
-        ce_entry = {**ce_key, **export_cross_encoder(ce_dir, ce_onnx, gateway, atol)}
+        ce_entry = {**ce_key, **export_cross_encoder(ce_dir, ce_onnx, gateway, atol, instruction)}
     else:
         log.info("cross-encoder up to date (fingerprint %s): not re-exported", ce_key["fingerprint"])
     ce_entry = _with_source(ce_entry, model)
@@ -154,15 +157,19 @@ def _up_to_date(entry: dict | None, key: dict, files: Sequence[Path]) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="keyrank prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="keyrank prepare", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help="Hugging Face hub id or local checkpoint folder.")
     parser.add_argument("--out", type=Path, default=Path("models"), help="Generated model directory.")
     parser.add_argument("--bi-encoder", default="auto", help="'auto' = bundled all-MiniLM-L6-v2, or a folder/hub id.")
     parser.add_argument("--no-bi-encoder", action="store_true", help="Skip the dense selector's model.")
     parser.add_argument("--tensorrt-fp16", action="store_true", help="Production config: TensorRT fp16 accelerator.")
-    parser.add_argument("--max-batch-size", type=int, default=64)
-    parser.add_argument("--embedded-instances", type=int, default=1)
+    parser.add_argument("--max-batch-size", type=int, default=64, help="Triton max_batch_size of the cross-encoder (sequences per execution).")
+    parser.add_argument("--embedded-instances", type=int, default=1, help="Model instances in the embedded (CPU) Triton repository.")
     parser.add_argument("--atol", type=float, default=1e-3, help="Largest accepted |ONNX - PyTorch|.")
+    parser.add_argument("--instruction", default=None,
+                        help="Decoder (yes/no) rerankers: the task instruction in the prompt; unset = Qwen3-Reranker's web-search one.")
     parser.add_argument("--force", action="store_true", help="Re-export even if the outputs are up to date.")
     args = parser.parse_args(argv)
 
@@ -172,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         manifest = prepare(
             args.model, args.out, bi_encoder=None if args.no_bi_encoder else args.bi_encoder,
             tensorrt_fp16=args.tensorrt_fp16, max_batch_size=args.max_batch_size,
-            embedded_instances=args.embedded_instances, atol=args.atol, force=args.force,
+            embedded_instances=args.embedded_instances, atol=args.atol, force=args.force, instruction=args.instruction,
         )
     except ExportMismatch as exc:
         print(f"export refused: {exc}", file=sys.stderr)

@@ -284,7 +284,7 @@ class Reranker:
         triton.start()
         try:
             triton.wait_ready(settings.embedded_ready_timeout_s)
-            reranker = cls(settings, triton_url=triton.grpc_url)
+            reranker = cls(settings, triton_url=triton.grpc_url, triton_server_id=triton.server_id)
         except BaseException:
             triton.stop()
             raise
