@@ -66,7 +66,7 @@ def preprocessing_ceiling(model_dir: Path, query: str, docs: list[str], workers:
     for strategy, selector in strategies:
         options = RerankOptions(strategy=strategy, selector=selector)
         sequences = len(pipeline.plan(query, docs, options).inputs)
-        seconds = worker_processes(model_dir, query, docs, requests, workers, options)
+        seconds, _ = worker_processes(model_dir, query, docs, requests, workers, options)
         rows[_name(strategy, selector)] = {"qps": requests / seconds, "tokens_per_s": requests * tokens / seconds, "sequences_per_query": sequences}
     return {"workers": workers, "tokens_per_query": tokens, "strategies": rows}
 
