@@ -8,7 +8,8 @@ GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
   - bf16 matrix-multiply peak (8192^3, CUDA events) measured now;
   - the cross-encoder at 512 tokens at saturation (``torch_encoder``, the code the
     GPU Triton model runs): pairs/s, TFLOP/s from the model's FLOP count, % of peak;
-    bf16, fp16 and bf16 with CUDA graphs;
+    bf16, fp16 and bf16 with CUDA graphs, each with its largest logit difference
+    from the fp32 CPU path (which equals the ONNX export, tests/test_gpu_variant.py);
   - end to end through HTTP: keyb2-bm25, maxp, firstp, p50/p99 at concurrency 1
     and queries/s at saturation; gateway = `keyrank serve --workers N` on the
     embedded GPU Triton (``triton-embedded-cuda``) when the nvidia-pytriton wheel
@@ -88,7 +89,8 @@ def matmul_peak(n: int = 8192, iters: int = 10) -> float:
     return 2 * n**3 * iters / (start.elapsed_time(end) / 1000) / 1e12
 
 
-def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, seconds: float = 2.0) -> dict:
+def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, seconds: float = 2.0, *, device: str = "cuda",
+                       batches: tuple[int, ...] = (32, 64, 128, 256, 512)) -> dict:
     """Pairs/s at 512 tokens per precision / CUDA graphs, best batch size; inputs and outputs cross the host as served."""
     from keyrank.triton_embedded.torch_encoder import (
         TorchCrossEncoder,
@@ -97,10 +99,14 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
 
     flops = flops_per_sequence(json.loads((folder / "checkpoint" / "config.json").read_text()), rows.shape[1])
     out = {"flops_per_pair": flops, "variants": {}}
+    # The fp32 CPU path (equal to the ONNX export within 1e-4, tests/test_gpu_variant.py) is the reference.
+    check = rows[:16]
+    reference, _ = TorchCrossEncoder(folder, device="cpu", dtype="float32")(check, np.ones_like(check), np.zeros_like(check))
     for name, dtype, graphs in (("bf16", "bfloat16", False), ("fp16", "float16", False), ("bf16+graphs", "bfloat16", True)):
-        encoder = TorchCrossEncoder(folder, device="cuda", dtype=dtype, cuda_graphs=graphs)
-        best = {"pairs_per_s": 0.0}
-        for batch in (32, 64, 128, 256, 512):
+        encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs)
+        logits, _ = encoder(check, np.ones_like(check), np.zeros_like(check))
+        best = {"pairs_per_s": 0.0, "max_abs_diff_vs_fp32_cpu": float(np.abs(logits - reference).max())}
+        for batch in batches:
             ids = np.resize(rows, (batch, rows.shape[1]))
             feeds = (ids, np.ones_like(ids), np.zeros_like(ids))
             for _ in range(3):
@@ -111,7 +117,7 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
                 done += batch
             rate = done / (time.perf_counter() - t0)
             if rate > best["pairs_per_s"]:
-                best = {"pairs_per_s": rate, "batch": batch}
+                best.update(pairs_per_s=rate, batch=batch)
         best["tflops"] = best["pairs_per_s"] * flops / 1e12
         best["pct_of_peak"] = 100 * best["tflops"] / peak_tflops
         out["variants"][name] = best
@@ -209,7 +215,8 @@ def print_table(result: dict) -> None:
     enc = g["encoder_512"]
     print(f"cross-encoder at 512 tokens ({enc['flops_per_pair'] / 1e9:.1f} GFLOP/pair):")
     for name, row in enc["variants"].items():
-        print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak")
+        print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak"
+              f"   max |logit - fp32 CPU| {row['max_abs_diff_vs_fp32_cpu']:.3f}")
     http = g["http"]
     print(f"end to end through HTTP ({http['gateway']}):")
     for name, row in http["strategies"].items():
