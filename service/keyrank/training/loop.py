@@ -317,6 +317,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
             result.best_epoch = epoch + 1
             _write_outputs(run, result)
         position.update(epoch=epoch + 1, groups_done=0, losses=[], pairs=0, seconds=0.0)
+        timings["train_s"] = time.perf_counter() - started
+        _write_report(run, result, timings, len(train), len(dev))  # a run stopped later still has its report
         save_state(run, optimizer, scheduler, position, result, state_path)
     timings["train_s"] = time.perf_counter() - started
     if result.best_epoch is not None and (result.model_dir or result.aggregator):
@@ -368,7 +370,7 @@ def _write_report(run: _Run, result: FinetuneResult, timings: dict, n_train: int
         "dev_queries": n_dev, "dev_before": result.dev_before, "history": result.history, "best_epoch": result.best_epoch,
         "model_dir": str(result.model_dir) if result.model_dir else None,
         "aggregator": str(result.aggregator) if result.aggregator else None,
-        "timings": {k: (v if "diff" in k else round(v, 1)) for k, v in timings.items()},
+        "finished": result.finished, "timings": {k: (v if "diff" in k else round(v, 1)) for k, v in timings.items()},
         "device": str(run.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
     (run.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
