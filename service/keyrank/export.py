@@ -46,6 +46,7 @@ def prepare(
     atol: float = 1e-3,
     force: bool = False,
     instruction: str | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Export ``model`` (hub id or local checkpoint) and the bi-encoder into ``out``; return the manifest."""
     out = Path(out)
@@ -54,10 +55,10 @@ def prepare(
     # Test sessions and engineers share models/: one prepare at a time, the others then find it done.
     with open(out / ".prepare.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction)
+        return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction, device)
 
 
-def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction) -> dict:
+def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction, device) -> dict:
     gateway = out / "gateway"
     manifest_path = gateway / "manifest.json"
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
@@ -92,6 +93,10 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         bi_entry = _with_source(bi_entry, _bundled_name() if bi_encoder == "auto" else bi_encoder)
 
     write_repositories(out, ce_entry, tensorrt_fp16, max_batch_size, embedded_instances)
+    if device == "cuda":  # the embedded Triton's GPU variant: PyTorch on the GPU, same tensors (gpu/repository.py)
+        from keyrank.gpu.repository import write_gpu_repository
+
+        write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
     manifest = {"cross_encoder": ce_entry, "bi_encoder": bi_entry}
     write_if_changed(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return manifest
@@ -168,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=64, help="Triton max_batch_size of the cross-encoder (sequences per execution).")
     parser.add_argument("--embedded-instances", type=int, default=1, help="Model instances in the embedded (CPU) Triton repository.")
     parser.add_argument("--atol", type=float, default=1e-3, help="Largest accepted |ONNX - PyTorch|.")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda also writes triton-embedded-cuda/ (PyTorch bf16 on the GPU); serve it with KEYRANK_EMBEDDED_DEVICE=cuda.")
     parser.add_argument("--instruction", default=None,
                         help="Decoder (yes/no) rerankers: the task instruction in the prompt; unset = Qwen3-Reranker's web-search one.")
     parser.add_argument("--force", action="store_true", help="Re-export even if the outputs are up to date.")
@@ -180,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.model, args.out, bi_encoder=None if args.no_bi_encoder else args.bi_encoder,
             tensorrt_fp16=args.tensorrt_fp16, max_batch_size=args.max_batch_size,
             embedded_instances=args.embedded_instances, atol=args.atol, force=args.force, instruction=args.instruction,
+            device=args.device,
         )
     except ExportMismatch as exc:
         print(f"export refused: {exc}", file=sys.stderr)

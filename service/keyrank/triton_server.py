@@ -75,7 +75,8 @@ class EmbeddedTriton:
         settings = settings or get_settings()
         self.settings: Settings = settings
         """Where the model name, ports and ready timeout come from."""
-        self.repository: Path = Path(repository or settings.model_dir / "triton-embedded").resolve()
+        default = "triton-embedded-cuda" if settings.embedded_device == "cuda" else "triton-embedded"
+        self.repository: Path = Path(repository or settings.model_dir / default).resolve()
         """The Triton model repository served."""
         self.model: str = settings.triton_model
         """The model whose readiness ``wait_ready`` waits for."""
