@@ -80,6 +80,7 @@ class Settings(BaseSettings):
 
     # --- request limits (each a named 4xx) ----------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Largest accepted request body (413).")
+    header_read_timeout_s: float = Field(10.0, gt=0, description="A request's line and headers must arrive within this many seconds of the connection opening or the previous response; else the connection is closed (keyrank serve).")
     body_read_timeout_s: float = Field(10.0, gt=0, description="The whole request body must arrive within this many seconds of the headers (408), so a partial request cannot hold a connection open.")
     max_documents: int = Field(1000, description="Most documents per request (422).")
     max_document_chars: int = Field(400_000, description="Most characters per document (422).")

@@ -18,6 +18,7 @@ import sys
 
 import uvicorn
 
+from keyrank.api.http_protocol import protocol_with_timeout
 from keyrank.config import Settings
 from keyrank.errors import KeyrankError
 from keyrank.triton_server import EmbeddedTriton
@@ -74,12 +75,14 @@ def serve(settings: Settings) -> int:
             uvicorn.run(
                 "keyrank.api:create_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, log_level="info", timeout_graceful_shutdown=10,
+                http=protocol_with_timeout(settings.header_read_timeout_s),
             )
         else:
             from keyrank.api import create_app
 
             config = uvicorn.Config(
-                create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10
+                create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10,
+                http=protocol_with_timeout(settings.header_read_timeout_s),
             )
             uvicorn.Server(config).run()
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained; fall through to stop Triton
