@@ -12,7 +12,7 @@ import torch
 from keyrank.aggregate import ClassifierHead, aggregate
 from keyrank.aggregators import KINDS, TrainedAggregator, pad_by_document
 from keyrank.training import parade
-from test_finetune import _tiny_bert, _toy_trec
+from toy_judged import tiny_bert, toy_trec
 
 HIDDEN = 16
 
@@ -70,7 +70,7 @@ def parade_run(tmp_path_factory):
     from keyrank.training.recipe import TrecFiles
 
     root = tmp_path_factory.mktemp("parade")
-    model, trec = _tiny_bert(root / "tiny-bert"), TrecFiles(*_toy_trec(root))
+    model, trec = tiny_bert(root / "tiny-bert"), TrecFiles(*toy_trec(root))
     common = {"model": str(model), "strategy": "parade-attn", "trec": trec, "epochs": 2, "groups_per_step": 2,
               "aggregator_lr": 1e-2, "seed": 0, "progress": False, "threads": 2, "dev_max_queries": None}
     whole = finetune(out=root / "whole", **common)
