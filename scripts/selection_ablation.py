@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -159,9 +160,9 @@ def run(args) -> dict:
 def markdown(result: dict, command: str) -> str:
     """The table docs/SELECTION.md shows: one row per selector x variant."""
     has_model = result["model_queries"] > 0
-    head = ["selector", "variant", "evidence recall", "evidence hit", "tokens read", "select ms/query"]
+    head = ["selector", "variant", "evidence recall", "evidence hit", "tokens read"]
     if has_model:
-        head += [f"nDCG@10 (n={result['model_queries']})", "MRR@10", "Δ nDCG vs plain", "recall on sample"]
+        head += [f"nDCG@10 (n={result['model_queries']})", "MRR@10", "Δ nDCG vs plain ± s.e.", "wins/losses", "recall on sample"]
     lines = [f"`{command}`", "",
              f"QMSum **train**: {result['queries']} queries, evidence over "
              f"{result['rows'][0]['relevant_segments']} relevant segments"
@@ -173,14 +174,20 @@ def markdown(result: dict, command: str) -> str:
     plain = {r["system"].split(" | ")[0]: r for r in result["rows"] if r["system"].endswith("| plain (paper480)")}
     for r in result["rows"]:
         selector, variant = r["system"].split(" | ")
-        cells = [selector, variant, f"{r['evidence_recall']:.3f}", f"{r['evidence_hit']:.3f}", f"{r['selected_tokens']:.0f}",
-                 f"{r['select_ms_per_query']:.2f}"]
+        cells = [selector, variant, f"{r['evidence_recall']:.3f}", f"{r['evidence_hit']:.3f}", f"{r['selected_tokens']:.0f}"]
         if has_model:
-            base = plain.get(selector)
-            delta = r["ndcg@10"] - base["ndcg@10"] if base else float("nan")
-            cells += [f"{r['ndcg@10']:.3f}", f"{r['rr@10']:.3f}", f"{delta:+.3f}", f"{r['sample_evidence_recall']:.3f}"]
+            cells += [f"{r['ndcg@10']:.3f}", f"{r['rr@10']:.3f}", *paired(r, plain.get(selector)), f"{r['sample_evidence_recall']:.3f}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def paired(row: dict, base: dict | None) -> list[str]:
+    """Per-query nDCG@10 difference to the selector's plain variant: mean ± standard error, wins/losses."""
+    if base is None:
+        return ["-", "-"]
+    diffs = np.array([row["per_query_ndcg"][q] - base["per_query_ndcg"][q] for q in base["per_query_ndcg"]])
+    se = diffs.std(ddof=1) / np.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return [f"{diffs.mean():+.3f} ± {se:.3f}", f"{(diffs > 1e-9).sum()}/{(diffs < -1e-9).sum()}"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -196,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/selection"))
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    command = "python scripts/selection_ablation.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python scripts/selection_ablation.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "selection.json").write_text(json.dumps({"command": command, **result}, indent=2))

@@ -129,8 +129,7 @@ def choose_blocks(
         return _empty(doc)
     if rules.dedup_jaccard is not None and ids is None:
         raise ValueError("near-duplicate suppression needs the document's token ids")
-    # Blocks are 63 tokens at most, so a budget of B tokens rarely holds more than B / 8 of them.
-    duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard, most_chosen=budget // 8 + 1)
+    duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard)
     reader = _Reader(blocks, budget, duplicates)
     order = np.argsort(-np.asarray(scores), kind="stable")
     if rules.keep_lead:
