@@ -12,35 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from process_tree import alive, children, free_port
 
 pytestmark = pytest.mark.triton
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _wait_ready(url: str, timeout: float = 90.0) -> None:
@@ -57,7 +31,7 @@ def _wait_ready(url: str, timeout: float = 90.0) -> None:
 
 @pytest.fixture()
 def serve(prepared_models: Path):
-    port = _free_port()
+    port = free_port()
     # No embedded ports given: the defaults are free ones.
     env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(port)}
     proc = subprocess.Popen([sys.executable, "-m", "keyrank.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -72,9 +46,9 @@ def serve(prepared_models: Path):
 
 
 def _triton_tree(serve_pid: int) -> list[int]:
-    tritons = [p for p in _children(serve_pid) if "tritonserver" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    tritons = [p for p in children(serve_pid) if "tritonserver" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
     assert len(tritons) == 1
-    return tritons + _children(tritons[0])  # the server and its Python backend stubs
+    return tritons + children(tritons[0])  # the server and its Python backend stubs
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
@@ -86,9 +60,9 @@ def test_a_stop_signal_stops_gateway_and_triton_leaving_no_process(serve, sig):
     proc.send_signal(sig)
     assert proc.wait(30) == 0
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in tree) and time.monotonic() < deadline:
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [p for p in tree if _alive(p)]
+    assert not [p for p in tree if alive(p)]
 
 
 def test_serve_prints_one_line_per_phase(serve):
@@ -104,7 +78,7 @@ def test_a_taken_embedded_port_fails_at_once_naming_the_setting(prepared_models)
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(_free_port()),
+        env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(free_port()),
                "KEYRANK_EMBEDDED_GRPC_PORT": str(taken)}
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "keyrank.cli", "serve"], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -115,7 +89,7 @@ def test_a_taken_embedded_port_fails_at_once_naming_the_setting(prepared_models)
 
 
 def test_a_wrong_model_folder_says_where_it_looked_and_where_the_models_are(prepared_models, tmp_path):
-    env = {**os.environ, "KEYRANK_MODEL_DIR": "models", "KEYRANK_PORT": str(_free_port())}
+    env = {**os.environ, "KEYRANK_MODEL_DIR": "models", "KEYRANK_PORT": str(free_port())}
     out = subprocess.run([sys.executable, "-m", "keyrank.cli", "serve"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 1
