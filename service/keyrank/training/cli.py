@@ -59,7 +59,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
     train.add_argument("--sequences-per-forward", type=int, default=d.sequences_per_forward)
     train.add_argument("--lr", type=float, default=d.lr)
-    train.add_argument("--aggregator-lr", type=float, default=d.aggregator_lr)
+    train.add_argument("--aggregator-lr", type=float, default=None, help="PARADE aggregator (default 1e-3 Attn, 1e-4 Transformer)")
     train.add_argument("--warmup", type=float, default=d.warmup)
     train.add_argument("--attention-dropout", type=float, default=d.attention_dropout, help="attention dropout while training (-1 = the checkpoint's)")
     train.add_argument("--train-encoder", action="store_true", help="PARADE: train the cross-encoder too (default: frozen, cached pooled vectors)")

@@ -210,7 +210,8 @@ def _optimizer(run: _Run) -> torch.optim.Optimizer:
     """AdamW; no decay on biases and norms; the aggregator at its own learning rate."""
     c = run.config
     groups = []
-    for module, lr in ((run.encoder, c.lr), (run.aggregator, c.aggregator_lr)):
+    aggregator_lr = c.aggregator_lr or (1e-4 if c.strategy == "parade-transformer" else 1e-3)
+    for module, lr in ((run.encoder, c.lr), (run.aggregator, aggregator_lr)):
         if module is None:
             continue
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
