@@ -168,3 +168,75 @@ def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepare
         finally:
             server.shutdown()
             check.stopping.set()
+
+
+def _supervised_by(triton, **timing):
+    from keyrank.supervision import Supervisor
+
+    supervisor = Supervisor(triton, tick_s=0.05, probe_every_s=0.2, **timing)
+    triton.supervisor = supervisor
+    supervisor.start()
+    return supervisor
+
+
+def test_a_busy_model_whose_probes_time_out_is_not_taken_for_a_hung_one(prepared_models):
+    # Under load the probe queues behind big batches and times out, yet executions keep finishing:
+    # reloading the model then would only throw its queue away (seen under a CPU-bound eval).
+    import threading
+
+    from keyrank.config import Settings
+    from keyrank.triton_server import EmbeddedTriton
+
+    with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
+        rows, length = 4, 256
+        batch = {"inputs": [{"name": name, "shape": [rows, length], "datatype": "INT64", "data": [1] * (rows * length)}
+                            for name in ("input_ids", "attention_mask", "token_type_ids")]}
+        stop_load = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(timeout=60) as client:
+                while not stop_load.is_set():
+                    assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=batch).status_code == 200
+
+        loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
+        for loader in loaders:
+            loader.start()
+        supervisor = _supervised_by(triton, probe_timeout_s=0.01, hang_after_s=1.5)
+        try:
+            time.sleep(6.0)
+        finally:
+            stop_load.set()
+            supervisor.stop()
+            for loader in loaders:
+                loader.join(60)
+        clock = supervisor._prober.hang
+        assert clock.timeouts >= 5, "the probes never timed out behind the load: this test tested nothing"
+        assert supervisor.repairs == [] and supervisor.failure is None, supervisor.repairs
+        assert clock.busy_timeouts >= 5
+
+
+def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prepared_models):
+    from keyrank.config import Settings
+    from keyrank.triton_server import EmbeddedTriton
+
+    with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
+        (stub,) = stubs_of(triton.pid)
+        supervisor = _supervised_by(triton, probe_timeout_s=0.3, hang_after_s=1.5)
+        os.kill(stub, signal.SIGSTOP)  # alive, answers nothing: what a deadlocked model looks like
+        stopped = time.monotonic()
+        try:
+            while not supervisor.repairs:
+                assert time.monotonic() - stopped < 60, f"not repaired; failure: {supervisor.failure}"
+                time.sleep(0.1)
+        finally:
+            supervisor.stop()
+            if process_alive_(stub):
+                os.kill(stub, signal.SIGCONT)
+        assert time.monotonic() - stopped > 1.5  # not before hang_after_s
+        assert triton.admin.probe_inference(triton.model, timeout=10) is None
+
+
+def process_alive_(pid: int) -> bool:
+    from keyrank.supervision import process_alive
+
+    return process_alive(pid)

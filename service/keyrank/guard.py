@@ -20,7 +20,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from keyrank.supervision import TritonAdmin
+from keyrank.supervision import HangClock, TritonAdmin
 
 log = logging.getLogger("keyrank.guard")
 
@@ -41,7 +41,7 @@ class ModelPathCheck(threading.Thread):
         self._fault: str | None = "not checked yet"
         self._probe_fault: str | None = None
         self._next_probe = 0.0
-        self._hung_since: float | None = None
+        self._hang = HangClock()
 
     def verdict(self) -> str | None:
         """None while the model path serves, else what is wrong."""
@@ -66,11 +66,11 @@ class ModelPathCheck(threading.Thread):
 
     def _probe(self) -> str | None:
         error = self.admin.probe_inference(self.model, self.probe_timeout_s)
-        if error == "timeout":  # a busy server may queue the probe; only a long run of them is a hang
-            self._hung_since = self._hung_since or time.monotonic() - self.probe_timeout_s
-            hung = time.monotonic() - self._hung_since
+        if error == "timeout":  # a busy server queues the probe: only a run of them with no execution finishing is a hang
+            self._hang.timed_out(time.monotonic() - self.probe_timeout_s, self.admin.execution_count(self.model))
+            hung = time.monotonic() - self._hang.since
             return f"probe inference hung for {hung:.0f} s" if hung > self.hang_after_s else None
-        self._hung_since = None
+        self._hang.answered()
         if error is not None:
             log.error("probe inference failed: %s", error)
             return f"probe inference failed: {error}"

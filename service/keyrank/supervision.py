@@ -10,7 +10,10 @@ restarts it. So the supervisor watches, every ``tick``:
   model at once, which turns Triton's model readiness and so the gateway's
   ``/readyz`` to 503, then load it again through the repository API);
 - Triton's own view (server id is ours, model ready) and, on a thread of its
-  own, a tiny real inference (an error, or a hang past ``hang_after_s``).
+  own, a tiny real inference (an error, or a hang: probes timing out for
+  ``hang_after_s`` while Triton's statistics show no execution finishing; a
+  model that is only busy, its probes queued behind big batches, still
+  finishes executions and is left alone).
 
 Repairs are bounded: failed ones back off, and after ``max_repairs`` of them in
 a row (a repair whose fault is back within ``stable_after_s`` counts as failed)
@@ -139,6 +142,16 @@ class TritonAdmin:
             return None
         return body.decode(errors="replace")[:300] or f"no answer within {timeout:.0f} s"
 
+    def execution_count(self, model: str) -> int | None:
+        """Executions the model has finished (Triton's statistics API); None if they cannot be read."""
+        status, body = self._call("GET", f"/v2/models/{model}/stats", admin=True)
+        if status != 200:
+            return None
+        try:
+            return sum(int(stats.get("execution_count", 0)) for stats in json.loads(body)["model_stats"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def probe_inference(self, model: str, timeout: float) -> str | None:
         """One tiny real inference ([1, 8] tokens). None if it scored; else "timeout" or Triton's error."""
         body = {
@@ -165,6 +178,35 @@ async def serves_as(client: Any, expected_id: str | None, timeout: float) -> boo
 # --- the supervisor -------------------------------------------------------------------------
 
 
+class HangClock:
+    """Since when the model has been hung: probes time out AND no execution finishes.
+
+    Under heavy load a probe queues behind big batches and times out although the model
+    works; restarting it then would only throw the queue away. Triton's execution count
+    tells the two apart: while it rises, the model is busy, not hung. Where it cannot be
+    read (statistics API closed), only the length of the run of timed-out probes counts.
+    """
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.timeouts = 0
+        """Timed-out probes so far, and those forgiven because executions still finished (for tests and logs)."""
+        self.busy_timeouts = 0
+        self._executions: int | None = None
+
+    def answered(self) -> None:
+        self.since, self._executions = None, None
+
+    def timed_out(self, sent_at: float, executions: int | None) -> None:
+        progressed = executions is not None and self._executions is not None and executions > self._executions
+        self.timeouts += 1
+        if progressed:
+            self.busy_timeouts += 1
+        if self.since is None or progressed:
+            self.since = sent_at
+        self._executions = executions
+
+
 class _InferenceProber(threading.Thread):
     """Runs the probe inference every ``every_s`` on its own thread (a queued probe must not delay the tick)."""
 
@@ -176,22 +218,27 @@ class _InferenceProber(threading.Thread):
         self.stopping = stopping
         self.last_error: tuple[float, str] | None = None
         """(monotonic time it was sent, error) of the latest failed probe; None after a success."""
-        self.hung_since: float | None = None
-        """When the current run of timed-out probes began."""
+        self.hang = HangClock()
+
+    @property
+    def hung_since(self) -> float | None:
+        """When the model stopped finishing executions while probes time out; None if it is not hung."""
+        return self.hang.since
 
     def run(self) -> None:
         while not self.stopping.wait(self.every_s):
             if not self.triton.serving:
-                self.last_error, self.hung_since = None, None
+                self.last_error = None
+                self.hang.answered()
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
-            error = self.triton.admin.probe_inference(self.triton.model, self.timeout_s)
-            if error is None:
-                self.last_error, self.hung_since = None, None
-            elif error == "timeout":
-                self.hung_since = self.hung_since or started
-            else:
-                self.last_error, self.hung_since = (started, error), None
+            admin = self.triton.admin
+            error = admin.probe_inference(self.triton.model, self.timeout_s)
+            if error == "timeout":
+                self.hang.timed_out(started, admin.execution_count(self.triton.model))
+                continue
+            self.hang.answered()
+            self.last_error = None if error is None else (started, error)
 
 
 class Supervisor(threading.Thread):
