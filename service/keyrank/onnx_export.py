@@ -83,13 +83,13 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
     # Traced on a smaller batch than it is checked on: a shape frozen into the graph then fails the check.
     dummy = _template_batch(text_tokenizer, template, _CHECK_PAIRS[:2])
     if decoder:
-        wrapper = _wrapper_classes()[2](hf_model, *template.yes_no).eval()
+        wrapper = wrapper_classes()[2](hf_model, *template.yes_no).eval()
         head_name = "lm_head[yes] - lm_head[no]"
         weight = wrapper.direction.detach().numpy().astype(np.float32)
         bias = np.zeros(1, np.float32)
     else:
-        head_name, head = _final_linear(hf_model, batch)
-        wrapper = _wrapper_classes()[0](hf_model, head).eval()  # export restores the wrapper's flag: eval() or dropout stays on
+        head_name, head = final_linear(hf_model, batch)
+        wrapper = wrapper_classes()[0](hf_model, head).eval()  # export restores the wrapper's flag: eval() or dropout stays on
         weight = head.weight.detach().numpy().astype(np.float32)
         bias = head.bias.detach().numpy().astype(np.float32)
 
@@ -175,7 +175,7 @@ def _decoder_reference(model, batch, yes: int, no: int) -> np.ndarray:
 
 
 @functools.cache
-def _wrapper_classes():
+def wrapper_classes():
     """The torch.nn.Module wrappers, built on first use: the gateway imports no torch."""
     import torch
 
@@ -261,7 +261,7 @@ def _max_length(tokenizer, config) -> int:
     return int(limit) if limit and limit <= positions else int(min(positions, 512))
 
 
-def _final_linear(model, batch):
+def final_linear(model, batch):
     """The nn.Linear whose output IS the logits (BERT `classifier`, RoBERTa `classifier.out_proj`, ...)."""
     import torch
 
@@ -273,7 +273,7 @@ def _final_linear(model, batch):
     ]
     try:
         with torch.no_grad():
-            logits = _wrapper_classes()[0].call(model, *batch).logits
+            logits = wrapper_classes()[0].call(model, *batch).logits
     finally:
         for hook in hooks:
             hook.remove()

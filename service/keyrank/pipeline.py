@@ -90,7 +90,10 @@ class Plan:
 class Pipeline:
     """Tokenizer, template and the stages' parameters of one prepared model."""
 
-    def __init__(self, tokenizer: TextTokenizer, template: InputTemplate, settings: Settings, *, gateway_dir: Path | None = None):
+    def __init__(self, tokenizer: TextTokenizer, template: InputTemplate, settings: Settings, *,
+                 gateway_dir: Path | None = None, manifest: dict | None = None):
+        self.manifest = manifest or {}
+        """What ``keyrank prepare`` wrote about the models (source, fingerprints, template); read once."""
         self.tokenizer = tokenizer
         """The cross-encoder's tokenizer (special tokens in text stay text)."""
         self.template = template
@@ -124,7 +127,7 @@ class Pipeline:
         manifest = json.loads(manifest_path.read_text())
         template = load_template(manifest, gateway)
         tokenizer = TextTokenizer.from_file(gateway / "tokenizer.json", text_lead=template.text_lead, special_ids=template.special_ids)
-        return cls(tokenizer, template, settings, gateway_dir=gateway)
+        return cls(tokenizer, template, settings, gateway_dir=gateway, manifest=manifest)
 
     # --- 1. encode -------------------------------------------------------------------------
     def encode(self, query: str, documents: Sequence[str], max_tokens: int | None = None) -> tuple[Encoded, list[Encoded]]:

@@ -120,16 +120,16 @@ class _Timer:
 class Reranker:
     """Ranks documents for a query: the pipeline's plan, scored by a ``Scorer``, aggregated."""
 
-    def __init__(self, settings: Settings | None = None, *, scorer: Scorer | None = None, **overrides: Any):
+    def __init__(self, settings: Settings | None = None, *, scorer: Scorer | None = None,
+                 pipeline: Pipeline | None = None, **overrides: Any):
         settings = settings or get_settings()
         self.settings = settings.with_overrides(**overrides)
-        self.pipeline = Pipeline.from_model_dir(self.settings)
+        self.pipeline = pipeline or Pipeline.from_model_dir(self.settings)
         """The CPU stages and the model's template."""
         self.template = self.pipeline.template
         self.tokenizer = self.pipeline.tokenizer
         gateway = self.settings.gateway_dir
-        manifest = _manifest(gateway)
-        source = str(manifest["cross_encoder"]["source"])
+        source = str(self.pipeline.manifest["cross_encoder"]["source"])
         # A local checkpoint is named by its folder: the server's paths are not the caller's business.
         self.model_name = getattr(self.settings, "model_name", None) or (Path(source).name if Path(source).exists() or Path(source).is_absolute() else source)
         with np.load(gateway / "classifier_head.npz") as head:
@@ -257,21 +257,19 @@ class Reranker:
     @classmethod
     def local(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, threads: int = 0, **overrides: Any) -> Reranker:
         """A Reranker scoring in this process with ONNX Runtime: no Triton, two lines to a ranking."""
-        from keyrank.pipeline import load_template
         from keyrank.scoring.local import LocalScorer
 
         settings = settings or get_settings()
         if model_dir is not None:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
-        gateway = settings.gateway_dir
-        template = load_template(_manifest(gateway), gateway)
+        pipeline = Pipeline.from_model_dir(settings)
         onnx = settings.model_dir / "triton" / settings.triton_model / "1" / "model.onnx"
         scorer = LocalScorer(
-            onnx, pad_id=template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads,
+            onnx, pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads,
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
         )
-        return cls(settings, scorer=scorer)
+        return cls(settings, scorer=scorer, pipeline=pipeline)
 
     @classmethod
     def embedded(cls, settings: Settings | None = None, **overrides: Any) -> Reranker:
@@ -308,17 +306,6 @@ class Reranker:
         self.close()
 
 
-
-
-def _manifest(gateway: Path) -> dict:
-    import json
-
-    from keyrank.errors import ModelAssetsMissing
-
-    path = gateway / "manifest.json"
-    if not path.exists():
-        raise ModelAssetsMissing(f"{path.resolve()} not found: run `keyrank prepare --model <hub id or folder> --out {gateway.parent}`")
-    return json.loads(path.read_text())
 
 
 def _check(query: str, documents: Sequence[str], options: RerankOptions) -> None:

@@ -18,7 +18,7 @@ from keyrank.onnx_export import (
     _run_onnx,
     _save_tokenizer,
     _torch_export,
-    _wrapper_classes,
+    wrapper_classes,
 )
 from keyrank.triton_repository import INPUTS as CE_INPUTS
 
@@ -49,7 +49,7 @@ def export_bi_encoder(checkpoint: Path, out_dir: Path, atol: float) -> dict:
     batch = [torch.from_numpy(a) for a in pad_batch(tokenizer.encode_batch(texts))]
     dummy = [torch.from_numpy(a) for a in pad_batch(tokenizer.encode_batch(texts[:2]))]
 
-    wrapper = _wrapper_classes()[1](_load(AutoModel, checkpoint)).eval()
+    wrapper = wrapper_classes()[1](_load(AutoModel, checkpoint)).eval()
     tmp = out_dir / "model.onnx.tmp"
     _torch_export(wrapper, dummy, tmp, CE_INPUTS, ("embedding",))
     (embedding,) = _run_onnx(tmp, batch, ("embedding",))

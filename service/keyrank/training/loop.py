@@ -331,7 +331,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
 
 def _write_outputs(run: _Run, result: FinetuneResult) -> None:
     """The current weights as the run's deliverables: the checkpoint folder and/or the aggregator's ONNX."""
-    from keyrank.export import _fingerprint
+    from keyrank.export import fingerprint as checkpoint_fingerprint
 
     fingerprint = run.manifest["cross_encoder"]["fingerprint"]
     if run.encoder is not None:
@@ -342,7 +342,7 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
         shutil.rmtree(model_dir, ignore_errors=True)
         tmp.replace(model_dir)
         result.model_dir = model_dir
-        fingerprint = _fingerprint(model_dir)
+        fingerprint = checkpoint_fingerprint(model_dir)
     if run.aggregator is not None:
         kind = run.config.strategy
         path = run.out / f"{kind}.onnx"

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keyrank.onnx_export import _final_linear, _wrapper_classes
+from keyrank.onnx_export import final_linear, wrapper_classes
 from keyrank.scoring import ModelInputs
 from keyrank.template import DECODER_TYPES, InputTemplate
 
@@ -71,7 +71,7 @@ class CrossEncoder(torch.nn.Module):
             AutoTokenizer,
         )
 
-        logits_and_pooled, _, yes_no = _wrapper_classes()
+        logits_and_pooled, _, yes_no = wrapper_classes()
         config = AutoConfig.from_pretrained(checkpoint)
         decoder = config.model_type in DECODER_TYPES
         # The checkpoint's own values, written back on save: the override is a training-time choice.
@@ -86,7 +86,7 @@ class CrossEncoder(torch.nn.Module):
             self.wrapper = yes_no(self.hf, *template.yes_no)
         else:
             batch = Batch.of(probe, template.pad_id)
-            _, head = _final_linear(self.hf, (batch.input_ids, batch.attention_mask, batch.token_type_ids))
+            _, head = final_linear(self.hf, (batch.input_ids, batch.attention_mask, batch.token_type_ids))
             self.wrapper = logits_and_pooled(self.hf, head)
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
