@@ -77,6 +77,18 @@ def test_keyb2_passages_apply_the_settings_budget_rule_and_rules_to_every_docume
     assert [p.doc for p in filled] == [0, 1]
 
 
+
+def test_score_order_reads_the_same_blocks_best_first():
+    pieces = [_spans([10, 10, 10, 10, 10])]
+    scores = [np.array([0.1, 0.9, 0.5, 0.9, 0.0])]
+    docs = TOKENIZER.encode_documents(["x " * 50])
+    by_text = keyb2_passages(docs, pieces, scores, 40, Settings(keyb2_budget_tokens=40))
+    by_score = keyb2_passages(docs, pieces, scores, 40, Settings(keyb2_budget_tokens=40, keyb2_block_order="score"))
+    assert by_text[0].pieces.tolist() == [0, 1, 2, 3]
+    assert by_score[0].pieces.tolist() == [1, 3, 2, 0]  # ties: the earlier block first
+    assert by_score[0].starts.tolist() == [10, 30, 20, 0] and by_score[0].n_tokens == by_text[0].n_tokens
+
+
 # --- invariants over every rule combination ----------------------------------------------------
 
 

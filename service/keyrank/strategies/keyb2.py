@@ -2,7 +2,9 @@
 
 Blocks are taken in score order until the budget (480 document tokens in the
 paper) is spent, the last one cut to fit; the chosen blocks are then put back
-in document order so the model reads them as the text runs.
+in document order so the model reads them as the text runs (or, with
+``keyb2_block_order = "score"``, left in score order: the best block first,
+wherever it sat in the document).
 
 ``SelectionRules`` switches on variants that may read better (issue 7), each
 measured by scripts/selection_ablation.py (docs/SELECTION.md):
@@ -30,6 +32,8 @@ from keyrank.select.duplicates import ChosenSets
 from keyrank.strategies import Passage
 from keyrank.tokenize import Encoded
 
+BLOCK_ORDERS = ("document", "score")
+"""How the chosen blocks are read: as the text runs (the papers), or best-scored first."""
 BUDGET_RULES = ("paper480", "fill")
 """``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
 
@@ -92,7 +96,19 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     ``settings``: a ``Settings`` (its ``keyb2_*`` fields)."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
     rules = SelectionRules.from_settings(settings)
-    return [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
+    passages = [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
+    order = getattr(settings, "keyb2_block_order", "document")
+    if order == "score":
+        return [in_score_order(p, block_scores[p.doc]) for p in passages]
+    if order != "document":
+        raise ValueError(f"unknown keyb2 block order {order!r}; expected one of {', '.join(BLOCK_ORDERS)}")
+    return passages
+
+
+def in_score_order(passage: Passage, scores: np.ndarray) -> Passage:
+    """The same blocks, best-scored first (ties: earlier block first)."""
+    order = np.lexsort((passage.pieces, -np.asarray(scores)[passage.pieces]))
+    return Passage(passage.doc, passage.starts[order], passage.ends[order], passage.pieces[order])
 
 
 def select_blocks(doc: int, blocks: Spans, scores: np.ndarray, budget: int) -> Passage:
