@@ -96,6 +96,9 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     ``settings``: a ``Settings`` (its ``keyb2_*`` fields)."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
     rules = SelectionRules.from_settings(settings)
+    share = getattr(settings, "keyb2_min_score_share", None)
+    if share is not None:
+        block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
     passages = [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
     order = getattr(settings, "keyb2_block_order", "document")
     if order == "score":
@@ -103,6 +106,18 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     if order != "document":
         raise ValueError(f"unknown keyb2 block order {order!r}; expected one of {', '.join(BLOCK_ORDERS)}")
     return passages
+
+
+def below_share_dropped(scores: np.ndarray, share: float) -> np.ndarray:
+    """Scores with the blocks under ``share`` x the best block's set to -inf (never chosen by score).
+
+    An adaptive budget: a document whose only on-topic text is one passage is read as that
+    passage, not padded to 480 tokens with its next-best (off-topic) blocks. A document whose
+    best block scores <= 0 (no query term at all) keeps every block."""
+    top = float(scores.max()) if scores.size else 0.0
+    if top <= 0.0:
+        return scores
+    return np.where(scores >= share * top, scores, -np.inf)
 
 
 def in_score_order(passage: Passage, scores: np.ndarray) -> Passage:
@@ -116,6 +131,7 @@ def select_blocks(doc: int, blocks: Spans, scores: np.ndarray, budget: int) -> P
     if len(blocks) == 0 or budget <= 0:
         return _empty(doc)
     order = np.argsort(-scores, kind="stable")
+    order = order[np.isfinite(scores[order])]  # -inf: dropped (below_share_dropped)
     lengths = blocks.lengths[order]
     taken_before = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     room = budget - taken_before
@@ -148,6 +164,7 @@ def choose_blocks(
     duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard)
     reader = _Reader(blocks, budget, duplicates)
     order = np.argsort(-np.asarray(scores), kind="stable")
+    order = order[np.isfinite(np.asarray(scores)[order])]
     if rules.keep_lead:
         reader.take(0, cut=True)
     if rules.neighbours:
