@@ -197,3 +197,19 @@ def test_distillation_reads_the_base_models_served_maxp_scores_cached_once(toy):
         before = cache.stat().st_mtime_ns
         TeacherScores(cache).fill(base, [judged[row["qid"]] for row in rows], progress=False)
     assert cache.stat().st_mtime_ns == before
+
+
+def test_eval_train_dev_split_is_exactly_the_meetings_finetune_keeps_for_dev():
+    from keyrank.evaluation import qmsum
+    from keyrank.training import splits
+    from shared_data import CE_MODEL, DATASETS
+
+    if not (DATASETS / "qmsum" / "train").is_dir() or not CE_MODEL.is_dir():
+        pytest.skip("QMSum data or the cross-encoder not found")
+    from keyrank.tokenize import TextTokenizer
+
+    tokenizer = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+    meetings = {q.meta["meeting"] for q in qmsum.build(DATASETS, tokenizer, split="train-dev")}
+    every = {p.stem for p in (DATASETS / "qmsum" / "train").glob("*.json")}
+    assert meetings and meetings == {m for m in every if splits.qmsum_dev_meeting(m)}
+    assert "Bed009" in meetings and "Bdb001" not in meetings

@@ -40,7 +40,7 @@ def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keyrank eval", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", nargs="+", default=["all"], help="qmsum | farrel (with its farrel-bare ceiling) | squad | all")
-    p.add_argument("--split", default="val", help="QMSum split: val for reported numbers, train for development")
+    p.add_argument("--split", default="val", help="QMSum split: val for reported numbers, train for development, train-dev for the train meetings finetune never trains on")
     p.add_argument("--strategies", nargs="+", default=[",".join(STRATEGIES)], help=f"subset of {', '.join(STRATEGIES)}")
     p.add_argument("--selectors", nargs="+", default=[",".join(SELECTORS)], help=f"keyb2 selectors: {', '.join(SELECTORS)}")
     p.add_argument("--max-queries", type=int, default=None, help="per task, stratified by position bucket (far-relevant: topics x offsets)")

@@ -126,9 +126,17 @@ def _merged(spans) -> tuple[tuple[int, int], ...]:
 
 def build(data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed: int = 0,
           segment_tokens: int = SEGMENT_TOKENS) -> list[EvalQuery]:
-    """All specific queries of a QMSum split, meetings in file-name order."""
+    """All specific queries of a QMSum split, meetings in file-name order.
+
+    ``train-dev``: the train meetings `keyrank finetune` keeps out of training for its dev
+    metric (training/splits.py): the split to choose settings on with a fine-tuned scorer."""
+    from keyrank.training.splits import qmsum_dev_meeting
+
+    folder = "train" if split == "train-dev" else split
     queries = []
-    for path in sorted((Path(data_dir) / "qmsum" / split).glob("*.json")):
+    for path in sorted((Path(data_dir) / "qmsum" / folder).glob("*.json")):
+        if split == "train-dev" and not qmsum_dev_meeting(path.stem):
+            continue
         meeting = json.loads(path.read_text(encoding="utf-8"))
         queries.extend(meeting_queries(path.stem, meeting, tokenizer, segment_tokens=segment_tokens, seed=seed))
     return queries
