@@ -89,6 +89,20 @@ def test_score_order_reads_the_same_blocks_best_first():
     assert by_score[0].starts.tolist() == [10, 30, 20, 0] and by_score[0].n_tokens == by_text[0].n_tokens
 
 
+
+def test_min_score_share_reads_only_blocks_near_the_best_one_and_only_for_bm25():
+    pieces = [_spans([10, 10, 10, 10, 10]), _spans([10, 10, 10])]
+    scores = [np.array([1.0, 8.0, 3.9, 4.0, 0.0]), np.zeros(3)]  # doc 1: no query term anywhere
+    docs = TOKENIZER.encode_documents(["x " * 50, "y " * 30])
+    shared = Settings(keyb2_min_score_share=0.5)
+    passages = keyb2_passages(docs, pieces, scores, 480, shared)
+    assert passages[0].pieces.tolist() == [1, 3] and passages[0].n_tokens == 20  # 3.9 < 0.5 x 8.0
+    assert passages[1].pieces.tolist() == [0, 1, 2]  # nothing to compare with: the budget is filled as before
+    assert keyb2_passages(docs, pieces, scores, 480, shared, "cross")[0].pieces.tolist() == [0, 1, 2, 3, 4]
+    with_lead = keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0.5, keyb2_keep_lead=True))
+    assert with_lead[0].pieces.tolist() == [0, 1, 3]
+
+
 # --- invariants over every rule combination ----------------------------------------------------
 
 

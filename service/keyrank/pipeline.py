@@ -189,10 +189,11 @@ class Pipeline:
             return self._dense
 
     # --- 4. assemble ----------------------------------------------------------------------
-    def assemble(self, spec: StrategySpec, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int) -> list[Passage]:
+    def assemble(self, spec: StrategySpec, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
+                 selector: str | None = "bm25") -> list[Passage]:
         """The passages each document contributes, grouped by document."""
         if spec.cut == "blocks":  # the budget rule and selection rules are settings (strategies/keyb2.py)
-            return keyb2_passages(docs, pieces, block_scores, budget, self.settings)
+            return keyb2_passages(docs, pieces, block_scores, budget, self.settings, selector)
         if spec.windowed:
             return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
@@ -242,7 +243,7 @@ class Pipeline:
                 scores = np.split(logits, np.cumsum([len(sp) for sp in pieces])[:-1])
             else:
                 scores = self.block_scores(selector, query, query_enc, docs, pieces)
-        passages = self.assemble(spec, docs, pieces, scores, budget)
+        passages = self.assemble(spec, docs, pieces, scores, budget, selector)
         return Plan(query_enc, docs, spec, selector, budget, pieces, passages, self.inputs(query_enc, docs, passages))
 
 

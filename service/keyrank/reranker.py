@@ -188,7 +188,7 @@ class Reranker:
             timer.add("select", started)
 
         started = time.perf_counter()
-        passages = p.assemble(spec, docs, pieces, block_scores, budget)
+        passages = p.assemble(spec, docs, pieces, block_scores, budget, selector)
         plan = Plan(query_enc, docs, spec, selector, budget, pieces, passages, p.inputs(query_enc, docs, passages))
         timer.add("assemble", started)
 

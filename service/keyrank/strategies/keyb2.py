@@ -34,6 +34,9 @@ from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")
 """How the chosen blocks are read: as the text runs (the papers), or best-scored first."""
+SHARE_SELECTORS = ("bm25",)
+"""Selectors whose block scores are on a ratio scale (0 = no query term), so that "half the best
+block's score" means something: BM25. Cosines, fused ranks and logits are not; they fill the budget."""
 BUDGET_RULES = ("paper480", "fill")
 """``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
 
@@ -89,15 +92,16 @@ class SelectionRules:
 
 
 def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], fits: int,
-                   settings: Any) -> list[Passage]:
+                   settings: Any, selector: str | None = "bm25") -> list[Passage]:
     """What keyb2 reads of every document: the settings' budget rule and selection rules in one call.
 
     ``fits``: document tokens that fit next to the query (``Pipeline.budget``);
-    ``settings``: a ``Settings`` (its ``keyb2_*`` fields)."""
+    ``settings``: a ``Settings`` (its ``keyb2_*`` fields); ``selector``: what scored the blocks
+    (``keyb2_min_score_share`` applies to the selectors in ``SHARE_SELECTORS`` only)."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
     rules = SelectionRules.from_settings(settings)
     share = getattr(settings, "keyb2_min_score_share", None)
-    if share is not None:
+    if share is not None and selector in SHARE_SELECTORS:
         block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
     passages = [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
     order = getattr(settings, "keyb2_block_order", "document")
