@@ -60,6 +60,7 @@ def test_paper480_budget_is_the_fixed_budget_capped_to_what_fits():
 def test_settings_default_to_the_current_plain_selection():
     rules = SelectionRules.from_settings(Settings())
     assert rules.plain and Settings().keyb2_budget == "paper480"
+    assert Settings().keyb2_min_score_share == 0.5 and Settings().keyb2_block_order == "document"  # chosen on dev
     assert SelectionRules.from_settings(Settings(keyb2_keep_lead=True, keyb2_dedup_jaccard=0.8)) == SelectionRules(
         keep_lead=True, dedup_jaccard=0.8)
 
@@ -82,8 +83,9 @@ def test_score_order_reads_the_same_blocks_best_first():
     pieces = [_spans([10, 10, 10, 10, 10])]
     scores = [np.array([0.1, 0.9, 0.5, 0.9, 0.0])]
     docs = TOKENIZER.encode_documents(["x " * 50])
-    by_text = keyb2_passages(docs, pieces, scores, 40, Settings(keyb2_budget_tokens=40))
-    by_score = keyb2_passages(docs, pieces, scores, 40, Settings(keyb2_budget_tokens=40, keyb2_block_order="score"))
+    fill = {"keyb2_budget_tokens": 40, "keyb2_min_score_share": None}
+    by_text = keyb2_passages(docs, pieces, scores, 40, Settings(**fill))
+    by_score = keyb2_passages(docs, pieces, scores, 40, Settings(**fill, keyb2_block_order="score"))
     assert by_text[0].pieces.tolist() == [0, 1, 2, 3]
     assert by_score[0].pieces.tolist() == [1, 3, 2, 0]  # ties: the earlier block first
     assert by_score[0].starts.tolist() == [10, 30, 20, 0] and by_score[0].n_tokens == by_text[0].n_tokens
@@ -99,6 +101,7 @@ def test_min_score_share_reads_only_blocks_near_the_best_one_and_only_for_bm25()
     assert passages[0].pieces.tolist() == [1, 3] and passages[0].n_tokens == 20  # 3.9 < 0.5 x 8.0
     assert passages[1].pieces.tolist() == [0, 1, 2]  # nothing to compare with: the budget is filled as before
     assert keyb2_passages(docs, pieces, scores, 480, shared, "cross")[0].pieces.tolist() == [0, 1, 2, 3, 4]
+    assert keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0))[0].pieces.tolist() == [0, 1, 2, 3, 4]
     with_lead = keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0.5, keyb2_keep_lead=True))
     assert with_lead[0].pieces.tolist() == [0, 1, 3]
 

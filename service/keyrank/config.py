@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     hybrid_rrf_k: float = Field(60.0, description="Reciprocal rank fusion constant of the hybrid selector (BM25 + dense; Cormack et al. use 60).")
     keyb2_budget: Literal["paper480", "fill"] = Field("paper480", description="KeyB2 document budget: 'paper480' = keyb2_budget_tokens capped to what fits; 'fill' = all that fits next to the query (512 - 3 - q for BERT).")
     keyb2_block_order: Literal["document", "score"] = Field("document", description="KeyB2 reads its chosen blocks as the text runs ('document', the papers) or best-scored first ('score'); train and serve alike.")
-    keyb2_min_score_share: float | None = Field(None, gt=0.0, le=1.0, description="KeyB2 reads only blocks scoring at least this share of the document's best block (an adaptive budget; for score-valued selectors such as bm25); unset = fill the budget.")
+    keyb2_min_score_share: float | None = Field(0.5, ge=0.0, le=1.0, description="KeyB2 with the bm25 selector reads only blocks scoring at least this share of the document's best block (an adaptive budget, chosen on dev: docs/SELECTION.md); 0 or unset = fill the budget as the papers do.")
     keyb2_keep_lead: bool = Field(False, description="KeyB2 always reads block 0 (documents often state their topic first).")
     keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")
