@@ -43,10 +43,10 @@ def test_repeated_sequences_are_scored_once_and_answered_alike():
     assert (memo.misses, memo.hits) == (3, 3)
 
 
-def test_pooled_vectors_are_fetched_when_first_asked_for():
+def test_pooled_vectors_come_with_the_first_scoring_so_parade_after_maxp_scores_nothing_again():
     inner = Lengths()
     memo = MemoScorer(inner)
-    asyncio.run(memo.score(_inputs(4), want_pooled=False, deadline=1e18))
+    plain = asyncio.run(memo.score(_inputs(4), want_pooled=False, deadline=1e18))
     scored = asyncio.run(memo.score(_inputs(4, 4), want_pooled=True, deadline=1e18))
-    assert inner.sent == [1, 1]
+    assert plain.pooled is None and inner.sent == [1]
     assert scored.pooled.tolist() == [[4, 7], [4, 7]]

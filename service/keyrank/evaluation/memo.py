@@ -43,11 +43,13 @@ class MemoScorer:
         self.misses += len(unique)
         if unique:
             rows = list(unique.values())
+            # Always ask for the pooled vectors: they come out of the same forward pass, and maxp (no
+            # pooled) scoring the windows first would otherwise make every PARADE variant score them again.
             fresh = await self.inner.score(
-                ModelInputs([inputs.ids[k] for k in rows], [inputs.types[k] for k in rows]), want_pooled=want_pooled, deadline=deadline
+                ModelInputs([inputs.ids[k] for k in rows], [inputs.types[k] for k in rows]), want_pooled=True, deadline=deadline
             )
             for j, k in enumerate(rows):
-                self.memory[keys[k]] = (float(fresh.logits[j]), fresh.pooled[j] if want_pooled else None)
+                self.memory[keys[k]] = (float(fresh.logits[j]), None if fresh.pooled is None else fresh.pooled[j])
         logits = np.asarray([self.memory[key][0] for key in keys], np.float32)
         pooled = np.stack([self.memory[key][1] for key in keys]).astype(np.float32) if want_pooled and keys else None
         if want_pooled and not keys:
