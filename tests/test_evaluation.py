@@ -340,7 +340,7 @@ def test_keyb2_is_run_once_per_selector():
 # --- end to end on the real service path -----------------------------------------------------------
 
 @pytest.mark.triton
-def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path):
+def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path, capsys):
     from keyrank.evaluation.cli import main
 
     model_dir = REPO / "models"
@@ -348,9 +348,10 @@ def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path):
         pytest.skip("run `keyrank prepare --out models` first")
     out = tmp_path / "run"
     # Small enough for a CPU Triton: 1 DL20 topic x 2 offsets x 3 documents, 2 QMSum queries.
-    assert main(["--task", "qmsum", "farrel", "--strategies", "firstp", "maxp", "keyb2", "--selectors", "bm25",
-                 "--max-queries", "2", "--offsets", "0,1024", "--distractors", "2", "--data-dir", str(DATA),
-                 "--model-dir", str(model_dir), "--out", str(out), "--no-progress"]) == 0
+    args = ["--task", "qmsum", "farrel", "--strategies", "firstp", "maxp", "keyb2", "--selectors", "bm25",
+            "--max-queries", "2", "--offsets", "0,1024", "--distractors", "2", "--data-dir", str(DATA),
+            "--model-dir", str(model_dir), "--out", str(out), "--no-progress"]
+    assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"qmsum", "farrel", "farrel-bare"}
     for task in results.values():
@@ -366,3 +367,10 @@ def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path):
     runs = json.loads((out / "runs" / "farrel.json").read_text())["runs"]
     assert all(len(r["scores"]) == 3 for r in runs["maxp"])
     assert (out / "farrel_quality_vs_cost.png").exists() and (out / "farrel_block_positions.png").exists()
+
+    # Each finished system was saved as it finished: the same command again scores nothing and reports the same.
+    (out / "partial" / "qmsum.maxp.json").unlink()  # as if stopped while on qmsum's maxp
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "qmsum: keyb2-bm25 read back" in err and "qmsum: maxp read back" not in err
+    assert json.loads((out / "results.json").read_text())["farrel"]["systems"]["maxp"]["metrics"] == far["maxp"]["metrics"]

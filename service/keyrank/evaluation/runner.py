@@ -10,9 +10,12 @@ the evidence spans; the report computes everything else from these.
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -76,6 +79,12 @@ class QueryRun:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: dict) -> QueryRun:
+        run = cls(**data)
+        run.evidence = {d: [tuple(span) for span in spans] for d, spans in run.evidence.items()}
+        return run
+
 
 async def rank_query(reranker, system: System, query: EvalQuery, *, timeout_s: float | None) -> QueryRun:
     """One ranking request for one query; failures are recorded, not raised, so a run finishes."""
@@ -129,10 +138,26 @@ async def run_system(reranker, system: System, queries: Sequence[EvalQuery], *, 
 
 async def run_task(reranker, systems_: Sequence[System], queries: Sequence[EvalQuery], *, task: str,
                    concurrency: int = 1, timeout_s: float | None = None,
-                   progress: bool = True) -> dict[str, list[QueryRun]]:
-    """Every system on one task's queries: {system name: runs}."""
-    return {
-        system.name: await run_system(reranker, system, queries, concurrency=concurrency,
-                                      timeout_s=timeout_s, label=f"{task}: ", progress=progress)
-        for system in systems_
-    }
+                   progress: bool = True, checkpoints: Path | None = None, key: str = "") -> dict[str, list[QueryRun]]:
+    """Every system on one task's queries: {system name: runs}.
+
+    With ``checkpoints``, each finished system is written there at once, and a system already
+    written under the same ``key`` (model, settings, queries) is read back instead of run again:
+    a full-split run that is stopped loses at most the system it was on."""
+    out: dict[str, list[QueryRun]] = {}
+    for system in systems_:
+        path = None if checkpoints is None else checkpoints / f"{task}.{system.name}.json"
+        if path is not None and path.exists():
+            saved = json.loads(path.read_text())
+            if saved.get("key") == key and len(saved["runs"]) == len(queries):
+                out[system.name] = [QueryRun.from_json(r) for r in saved["runs"]]
+                print(f"{task}: {system.name} read back from {path}", file=sys.stderr)
+                continue
+        out[system.name] = await run_system(reranker, system, queries, concurrency=concurrency,
+                                            timeout_s=timeout_s, label=f"{task}: ", progress=progress)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"key": key, "runs": [r.to_json() for r in out[system.name]]}))
+            tmp.replace(path)
+    return out
