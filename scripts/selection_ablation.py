@@ -114,7 +114,7 @@ def run(args) -> dict:
             for variant, settings in variants.items():
                 name = f"{selector} | {variant}"
                 t0 = time.perf_counter()
-                chosen[name] = keyb2_passages(docs, pieces, scores[selector], fits, settings)
+                chosen[name] = keyb2_passages(docs, pieces, scores[selector], fits, settings, selector=selector)
                 select_s[name] += time.perf_counter() - t0
                 selected_tokens[name].extend(p.n_tokens for p in chosen[name])
         logits: dict[tuple, float] = {}

@@ -190,10 +190,10 @@ class Pipeline:
 
     # --- 4. assemble ----------------------------------------------------------------------
     def assemble(self, spec: StrategySpec, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
-                 selector: str | None = "bm25") -> list[Passage]:
+                 selector: str | None) -> list[Passage]:
         """The passages each document contributes, grouped by document."""
         if spec.cut == "blocks":  # the budget rule and selection rules are settings (strategies/keyb2.py)
-            return keyb2_passages(docs, pieces, block_scores, budget, self.settings, selector)
+            return keyb2_passages(docs, pieces, block_scores, budget, self.settings, selector=selector)
         if spec.windowed:
             return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]

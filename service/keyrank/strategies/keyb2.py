@@ -92,7 +92,7 @@ class SelectionRules:
 
 
 def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], fits: int,
-                   settings: Any, selector: str | None = "bm25") -> list[Passage]:
+                   settings: Any, *, selector: str | None) -> list[Passage]:
     """What keyb2 reads of every document: the settings' budget rule and selection rules in one call.
 
     ``fits``: document tokens that fit next to the query (``Pipeline.budget``);
@@ -100,11 +100,11 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     (``keyb2_min_score_share`` applies to the selectors in ``SHARE_SELECTORS`` only)."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
     rules = SelectionRules.from_settings(settings)
-    share = getattr(settings, "keyb2_min_score_share", None)
+    share = settings.keyb2_min_score_share
     if share is not None and selector in SHARE_SELECTORS:
         block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
     passages = [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
-    order = getattr(settings, "keyb2_block_order", "document")
+    order = settings.keyb2_block_order
     if order == "score":
         return [in_score_order(p, block_scores[p.doc]) for p in passages]
     if order != "document":
@@ -167,8 +167,9 @@ def choose_blocks(
         raise ValueError("near-duplicate suppression needs the document's token ids")
     duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard)
     reader = _Reader(blocks, budget, duplicates)
-    order = np.argsort(-np.asarray(scores), kind="stable")
-    order = order[np.isfinite(np.asarray(scores)[order])]
+    scores = np.asarray(scores)
+    order = np.argsort(-scores, kind="stable")
+    order = order[np.isfinite(scores[order])]  # -inf: dropped (below_share_dropped)
     if rules.keep_lead:
         reader.take(0, cut=True)
     if rules.neighbours:
