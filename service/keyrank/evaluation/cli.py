@@ -67,11 +67,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _checkpoint_key(args, settings: Settings, task_queries) -> str:
+def _checkpoint_key(args, settings: Settings, manifest: dict, task_queries) -> str:
     """What a saved system's runs depend on: the model, every setting, the scorer and the queries."""
     import hashlib
 
-    manifest = (settings.gateway_dir / "manifest.json").read_text()
     state = json.dumps({"manifest": manifest, "settings": settings.model_dump(mode="json"), "scorer": args.scorer,
                         "timeout_s": args.timeout_s,
                         "queries": [(q.qid, q.query) for q in task_queries]}, sort_keys=True)
@@ -82,7 +81,7 @@ def _checkpoint_key(args, settings: Settings, task_queries) -> str:
     return digest.hexdigest()
 
 
-async def _run(args, settings: Settings, queries: dict, systems_) -> dict:
+async def _run(args, settings: Settings, queries: dict, systems_, out: Path) -> dict:
     """Start (or reach) Triton once and run every task."""
     from keyrank.reranker import Reranker
 
@@ -95,12 +94,12 @@ async def _run(args, settings: Settings, queries: dict, systems_) -> dict:
             reranker = Reranker(settings) if settings.triton_url else await asyncio.to_thread(Reranker.embedded, settings)
         if not args.no_memo:
             reranker.scorer = MemoScorer(reranker.scorer)
-    out = Path(args.out)
+    manifest = reranker.pipeline.manifest if reranker is not None else {}
     try:
         for task, task_queries in queries.items():
             runs[task] = await run_task(reranker, systems_, task_queries, task=task, concurrency=args.concurrency, timeout_s=args.timeout_s,
                                         progress=not args.no_progress, checkpoints=out / "partial",
-                                        key=_checkpoint_key(args, settings, task_queries))
+                                        key=_checkpoint_key(args, settings, manifest, task_queries))
         if isinstance(getattr(reranker, "scorer", None), MemoScorer):
             print(f"memo: {reranker.scorer.misses} sequences scored, {reranker.scorer.hits} answered from memory", file=sys.stderr)
     finally:
@@ -119,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = {k: v for k, v in {"model_dir": args.model_dir, "triton_url": args.triton_url}.items() if v is not None}
     # Port 0 = any free port: an offline eval must not collide with a `keyrank serve` on the defaults.
     settings = Settings(**overrides, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-    out = args.out = args.out or Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
+    out = args.out or Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
     tokenizer_path = settings.gateway_dir / "tokenizer.json"
     if not tokenizer_path.exists():
         raise SystemExit(f"{tokenizer_path} not found: run `keyrank prepare` first (or pass --model-dir)")
@@ -138,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{t}: {len(qs)} queries, {sum(len(q.candidates) for q in qs)} candidates", file=sys.stderr)
 
     started = time.perf_counter()
-    runs = asyncio.run(_run(args, settings, queries, systems_))
+    runs = asyncio.run(_run(args, settings, queries, systems_, Path(out)))
     run_s = time.perf_counter() - started
 
     reports = {t: report.summarize(t, queries[t], runs[t], seed=args.seed) for t in task_names}

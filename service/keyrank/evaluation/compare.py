@@ -125,6 +125,12 @@ def diff_line(runs: dict[str, Run], task: str, a: str, b: str, measure: str = "n
     return f"| {a} - {b} | {mean:+.3f} | [{low:+.3f}, {high:+.3f}] | {n} |"
 
 
+def _lacks(runs: dict[str, Run], spec: str, task: str) -> bool:
+    """Whether the run named in ``label:system`` exists but did not run ``task`` (an unknown label is diff_line's error)."""
+    run = runs.get(spec.partition(":")[0])
+    return run is not None and task not in run.results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keyrank.evaluation.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -143,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.append(task_table(runs, task, measures))
         if args.diff:
             diffs = [diff_line(by_label, task, a, b, args.measure) for a, b in args.diff
-                     if all(task in by_label[s.partition(":")[0]].results for s in (a, b) if s.partition(":")[0] in by_label)]
+                     if not any(_lacks(by_label, spec, task) for spec in (a, b))]
             if diffs:
                 out.append("\n".join([f"Paired differences on {task}, {args.measure} (95% bootstrap interval over queries):", "",
                                       "| difference | mean | 95% interval | queries |", "| --- | ---: | --- | ---: |", *diffs]) + "\n")
