@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import platform
@@ -69,8 +70,6 @@ def parser() -> argparse.ArgumentParser:
 
 def _checkpoint_key(args, settings: Settings, manifest: dict, task_queries) -> str:
     """What a saved system's runs depend on: the model, every setting, the scorer and the queries."""
-    import hashlib
-
     state = json.dumps({"manifest": manifest, "settings": settings.model_dump(mode="json"), "scorer": args.scorer,
                         "timeout_s": args.timeout_s,
                         "queries": [(q.qid, q.query) for q in task_queries]}, sort_keys=True)
