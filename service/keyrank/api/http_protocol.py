@@ -11,6 +11,7 @@ otherwise the connection is closed (the body has its own timeout, api/middleware
 from __future__ import annotations
 
 import asyncio
+import os
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -18,8 +19,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 class HeaderTimeoutH11Protocol(H11Protocol):
     """``H11Protocol`` that closes a connection whose request headers do not arrive in time."""
 
-    header_timeout_s: float = 10.0
-    """Seconds a request's line and headers may take (class attribute: uvicorn builds the protocol)."""
+    header_timeout_s: float = float(os.environ.get("KEYRANK_HEADER_READ_TIMEOUT_S", "10"))
+    """Seconds a request's line and headers may take (class attribute: uvicorn builds the protocol). Read from
+    the environment when the module loads, so ``keyrank serve --workers N`` can name this class by its
+    import path (``HTTP_PROTOCOL``) for worker processes, which cannot be handed a class made at run time."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -50,6 +53,10 @@ class HeaderTimeoutH11Protocol(H11Protocol):
         if getattr(self, "_header_timer", None) is not None:
             self._header_timer.cancel()
         super().connection_lost(exc)
+
+
+HTTP_PROTOCOL = f"{__name__}:HeaderTimeoutH11Protocol"
+"""The import path uvicorn's worker processes load the protocol from (with KEYRANK_HEADER_READ_TIMEOUT_S set)."""
 
 
 def protocol_with_timeout(seconds: float) -> type[HeaderTimeoutH11Protocol]:

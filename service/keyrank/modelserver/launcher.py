@@ -18,12 +18,12 @@ import sys
 
 import uvicorn
 
-from keyrank.api.http_protocol import protocol_with_timeout
+from keyrank.api.http_protocol import HTTP_PROTOCOL, protocol_with_timeout
 from keyrank.config import Settings
 from keyrank.errors import KeyrankError
-from keyrank.triton_server import EmbeddedTriton
+from keyrank.modelserver.embedded import EmbeddedTriton
 
-log = logging.getLogger("keyrank.launcher")
+log = logging.getLogger("keyrank.modelserver.launcher")
 
 
 class _GiveUp:
@@ -72,10 +72,10 @@ def serve(settings: Settings) -> int:
             if settings.triton_server_id:
                 os.environ["KEYRANK_TRITON_SERVER_ID"] = settings.triton_server_id
             os.environ["KEYRANK_MODEL_DIR"] = str(settings.model_dir)
+            os.environ["KEYRANK_HEADER_READ_TIMEOUT_S"] = str(settings.header_read_timeout_s)
             uvicorn.run(
                 "keyrank.api:create_app", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", timeout_graceful_shutdown=10,
-                http=protocol_with_timeout(settings.header_read_timeout_s),
+                workers=settings.workers, log_level="info", timeout_graceful_shutdown=10, http=HTTP_PROTOCOL,
             )
         else:
             from keyrank.api import create_app
