@@ -4,7 +4,7 @@
 #   .gpu/datasets/ QMSum val only (~4 MB): the 100 x 2k-token candidates come from it
 #   .gpu/wheels/   the gateway's pure-Python dependencies the device image lacks (~5 MB, Python 3.12)
 # The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
-# the same model code in the gateway process (python -m keyrank.gpu.gateway) and says so.
+# the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
 # Usage (repository root): bash scripts/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
 set -euo pipefail
 MODELS=${1:-models}
@@ -15,7 +15,7 @@ mkdir -p "$(dirname "$EXCLUDE")"
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
 rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/datasets/qmsum .gpu/wheels
 cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/models/gateway/
-"$PY" -m keyrank.gpu.repository --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
+"$PY" -m keyrank.modelserver.gpu --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
 cp -r ../shared/datasets/qmsum/val .gpu/datasets/qmsum/
 # The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
 NAMES="fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"

@@ -21,7 +21,7 @@ def prepared_models() -> Path:
     """
     if not CE_MODEL.is_dir():
         pytest.skip(f"real cross-encoder not found at {CE_MODEL}")
-    from keyrank.export import prepare
+    from keyrank.prepare.export import prepare
 
     out = Path(os.environ.get("KEYRANK_TEST_MODEL_DIR", REPO / "models"))
     prepare(str(CE_MODEL), out)
@@ -38,7 +38,7 @@ def embedded_triton(prepared_models: Path):
     Tests that kill it must leave it restarted (``restart()`` keeps the ports and grpc_url).
     """
     from keyrank.config import Settings
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     settings = Settings(
         model_dir=Path(prepared_models), embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0

@@ -4,6 +4,7 @@ Retry-After computed from the queue, and admitted requests that meet their deadl
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 
@@ -11,7 +12,7 @@ import httpx
 import pytest
 from keyrank.admission import CHARS_PER_TOKEN, AdmissionQueue, estimate_sequences
 from keyrank.config import Settings
-from keyrank.errors import Overloaded
+from keyrank.errors import Overloaded, TooCostly
 from live_gateway import live_gateway
 from prometheus_client import REGISTRY
 
@@ -27,7 +28,8 @@ def _words(n: int, seed: int = 0) -> str:
 
 S = Settings(triton_url="unused")
 TOKENS_1000 = "x" * int(1000 * CHARS_PER_TOKEN)  # about 1000 tokens by the door's rule
-Q = "cheese"  # 2 query tokens: a window holds 512 - 2 - 4 = 506 document tokens
+Q = "cheese"  # 2 query tokens: a window holds 512 - 2 - 4 = 506 document tokens (a RoBERTa-style frame of 4)
+FRAME = 4
 
 
 @pytest.mark.parametrize(
@@ -36,19 +38,29 @@ Q = "cheese"  # 2 query tokens: a window holds 512 - 2 - 4 = 506 document tokens
         ("firstp", None, 3),  # one sequence per document
         ("keyb2", "bm25", 3),  # one sequence per document, selection on CPU
         ("keyb2", "cross", 3 + 3 * 16),  # plus every block (<= 63 tokens) scored alone: ceil(1000 / 63) = 16
+        ("keyb2", "dense", 3 + 3 * 16 / 8),  # plus a bi-encoder pass over every cold block, 1/8 of a sequence each
         ("maxp", None, 3 * 3),  # windows of 506, stride 253: 1 + ceil(494 / 253) = 3
         ("parade-max", None, 3 * 3),
         ("avgp", None, 3 * 2),  # disjoint chunks of 506: 1 + ceil(494 / 506) = 2
     ],
 )
 def test_cost_is_estimated_per_strategy_from_characters(strategy, selector, expected):
-    assert estimate_sequences(strategy, selector, Q, [TOKENS_1000] * 3, S) == expected
+    assert estimate_sequences(strategy, selector, Q, [TOKENS_1000] * 3, S, frame_tokens=FRAME) == expected
 
 
-def test_cost_respects_the_window_cap_and_max_tokens_per_doc():
+def test_cost_respects_the_window_caps_and_max_tokens_per_doc():
     huge = "x" * int(100_000 * CHARS_PER_TOKEN)
-    assert estimate_sequences("maxp", None, Q, [huge], S) == S.max_windows_per_doc
-    assert estimate_sequences("maxp", None, Q, [huge], S, max_tokens_per_doc=506) == 1
+    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME) == S.max_windows_per_doc
+    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_windows_per_doc=5) == 5
+    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_tokens_per_doc=506) == 1
+
+
+def test_a_decoder_prompt_frame_shrinks_the_windows_and_raises_the_cost():
+    # 2500 tokens: with a frame of 4 a window holds 506 (stride 253: 1 + ceil(1994 / 253) = 9 windows);
+    # a decoder prompt of 60 tokens leaves 450 (stride 225: 1 + ceil(2050 / 225) = 11).
+    doc = "x" * int(2500 * CHARS_PER_TOKEN)
+    assert estimate_sequences("maxp", None, Q, [doc], S, frame_tokens=4) == 9
+    assert estimate_sequences("maxp", None, Q, [doc], S, frame_tokens=60) == 11
 
 
 # --------------------------------------------------------------------------- the queue
@@ -75,6 +87,18 @@ def test_an_idle_queue_admits_a_request_larger_than_the_bound():
     queue.release(ticket, completed=False)
     queue.release(ticket, completed=False)  # a ticket frees its share once
     assert queue.depth == 0
+
+
+def test_a_request_that_alone_cannot_meet_its_deadline_is_refused_at_the_door_saying_what_to_change():
+    queue = AdmissionQueue(Settings(triton_url="unused", capacity_sequences_per_s=4.0, request_timeout_s=30))
+    queue.admit(4 * 30 * 0.8)  # exactly the share of the deadline the door allows
+    with pytest.raises(TooCostly) as refused:
+        queue.admit(4 * 30 * 0.8 + 1)
+    message = str(refused.value)
+    assert "max_tokens_per_doc" in message and "KEYRANK_REQUEST_TIMEOUT_S" in message and "keyb2" in message
+    assert refused.value.field == "documents"
+    with pytest.raises(TooCostly):  # a shorter per-request deadline refuses sooner
+        AdmissionQueue(Settings(triton_url="unused", capacity_sequences_per_s=4.0)).admit(50, deadline_s=10)
 
 
 def test_unset_bound_is_the_measured_drain_rate_times_half_the_deadline(monkeypatch):
@@ -161,8 +185,8 @@ def test_a_full_queue_refuses_in_milliseconds_with_retry_after_from_the_queue(pr
     assert [status for status, _, _ in probed] == [429] * 10, probed
     latencies = sorted(seconds for _, seconds, _ in probed)
     assert latencies[5] < 0.05, latencies  # refused before any tokenizing
-    estimate = estimate_sequences("maxp", None, big["query"], big["documents"], Settings(triton_url="unused"))
-    assert {retry for _, _, retry in probed} == {str(-(-estimate // 4))}  # queued sequences / 4 per second
+    estimate = estimate_sequences("maxp", None, big["query"], big["documents"], Settings(triton_url="unused"), frame_tokens=3)
+    assert {retry for _, _, retry in probed} == {str(math.ceil(estimate / 4))}  # queued sequences / 4 per second
 
 
 # --------------------------------------------------------------------------- measuring the default
@@ -179,5 +203,9 @@ def test_measure_capacity(prepared_models, embedded_triton):
         started = time.monotonic()
         answers = asyncio.run(_flood(url, 24))
         seconds = time.monotonic() - started
-    assert all(status == 200 for status, _, _ in answers)
-    print(f"\ncapacity: {len(answers) / seconds:.2f} sequences/s (24 x one 300-word document, keyb2)")
+        drain_rate = REGISTRY.get_sample_value("keyrank_drain_sequences_per_second")
+    assert [status for status, _, _ in answers] == [200] * 24
+    measured = len(answers) / seconds
+    print(f"\ncapacity: {measured:.2f} sequences/s (24 x one 300-word document, keyb2); the queue measured {drain_rate:.2f}")
+    # The queue's own drain rate (what sizes its bound) tracks the wall-clock rate of the same flood.
+    assert measured / 2 < drain_rate < measured * 2

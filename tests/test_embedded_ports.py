@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from keyrank.config import Settings
-from keyrank.triton_server import (
+from keyrank.modelserver.embedded import (
     ADMIN_HEADER,
     GRPC_ADMIN_HEADER,
     EmbeddedTriton,
@@ -51,7 +51,7 @@ def test_two_embedded_instances_side_by_side_each_use_their_own_triton(prepared_
 def test_the_ready_probe_never_takes_another_server_on_our_port_for_ours(prepared_models, embedded_triton, monkeypatch):
     # The race the port check cannot close: our port is taken after we checked it. The other
     # server answers every health probe; only its id tells it apart, and our own server dies.
-    from keyrank import triton_server
+    from keyrank.modelserver import embedded as triton_server
 
     monkeypatch.setattr(triton_server, "check_port_free", lambda port, setting: None)
     settings = Settings(model_dir=prepared_models, embedded_http_port=embedded_triton.http_port)
@@ -132,7 +132,7 @@ def test_serves_as_tells_our_triton_from_another_over_grpc(embedded_triton):
     import asyncio
 
     import tritonclient.grpc.aio as grpc_aio
-    from keyrank.supervision import serves_as
+    from keyrank.scoring.triton import serves_as
 
     async def ask(expected: str | None) -> bool:
         client = grpc_aio.InferenceServerClient(embedded_triton.grpc_url)

@@ -15,9 +15,10 @@ import onnxruntime as ort
 import pytest
 import torch
 from google.protobuf import text_format
-from keyrank import export, onnx_export
-from keyrank.export import ExportMismatch, prepare
-from keyrank.triton_repository import triton_config
+from keyrank.prepare import cross_encoder as onnx_export
+from keyrank.prepare import export
+from keyrank.prepare.export import ExportMismatch, prepare
+from keyrank.modelserver.repository import triton_config
 from shared_data import CE_MODEL, DATASETS
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from tritonclient.grpc import model_config_pb2
@@ -73,7 +74,7 @@ def test_prepare_writes_the_triton_repositories_and_gateway_assets(prepared_mode
     production = prepared_models / "triton/cross_encoder/1/model.onnx"
     embedded = prepared_models / "triton-embedded/cross_encoder/1/model.onnx"
     assert production.read_bytes() == embedded.read_bytes()
-    package_model_py = Path(export.__file__).parent / "triton_embedded" / "model.py"
+    package_model_py = Path(export.__file__).parent.parent / "modelserver" / "python_models" / "model.py"
     assert (prepared_models / "triton-embedded/cross_encoder/1/model.py").read_text() == package_model_py.read_text()
 
     manifest = json.loads((prepared_models / "gateway/manifest.json").read_text())
@@ -269,11 +270,11 @@ def test_other_architectures_export_with_pooled_as_the_final_linears_input(tmp_p
 
 def test_an_onnx_graph_off_by_more_than_atol_is_refused():
     reference = np.array([[3.9349], [-1.25]], dtype=np.float32)
-    assert onnx_export._check("logits", reference, reference + 5e-4, atol=1e-3) == pytest.approx(5e-4, rel=1e-3)
+    assert onnx_export.check_close("logits", reference, reference + 5e-4, atol=1e-3) == pytest.approx(5e-4, rel=1e-3)
     with pytest.raises(ExportMismatch, match="1.4"):
-        onnx_export._check("logits", reference, reference + np.array([[0.0], [1.4]], dtype=np.float32), atol=1e-3)
+        onnx_export.check_close("logits", reference, reference + np.array([[0.0], [1.4]], dtype=np.float32), atol=1e-3)
     with pytest.raises(ExportMismatch):
-        onnx_export._check("logits", reference, np.full_like(reference, np.nan), atol=1e-3)
+        onnx_export.check_close("logits", reference, np.full_like(reference, np.nan), atol=1e-3)
 
 
 def test_cli_reports_the_diffs_and_sizes(prepared_models, tmp_path, capsys):
@@ -304,7 +305,7 @@ def test_embedded_model_merges_same_shape_requests_and_splits_the_answers_back(e
         enc = tokenizer([q for q, _ in pairs], [p for _, p in pairs], padding="max_length", truncation="only_second", max_length=width, return_tensors="np")
         requests.append({k: enc[k].astype(np.int64) for k in INPUTS})
 
-    from keyrank.triton_server import GRPC_ADMIN_HEADER
+    from keyrank.modelserver.embedded import GRPC_ADMIN_HEADER
 
     client = grpcclient.InferenceServerClient(embedded_triton.grpc_url)
     admin = {GRPC_ADMIN_HEADER: embedded_triton.admin_key}  # statistics are a restricted (admin) API
@@ -347,7 +348,7 @@ def test_embedded_model_merges_same_shape_requests_and_splits_the_answers_back(e
 
 def test_a_hub_id_is_fetched_from_the_hub_and_offline_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
     # No hub is reachable here: the id must reach the hub path and come back as a readable error.
-    from keyrank.export import main
+    from keyrank.prepare.export import main
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["--model", "cross-encoder/ms-marco-MiniLM-L-6-v2", "--out", str(tmp_path / "m")]) == 1

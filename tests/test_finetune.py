@@ -70,7 +70,7 @@ def test_finetune_loss_goes_down_and_the_dev_ranking_follows(trained):
 
 
 def test_written_checkpoint_exports_and_its_onnx_scores_match_pytorch(trained, toy, tmp_path):
-    from keyrank.export import prepare
+    from keyrank.prepare.export import prepare
     from keyrank.scoring.local import LocalScorer
     from keyrank.training.model import Batch, CrossEncoder
 

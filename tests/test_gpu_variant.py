@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
-from keyrank.gpu.repository import REPOSITORY, write_gpu_repository
+from keyrank.modelserver.gpu import REPOSITORY, write_gpu_repository
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.local import LocalScorer
-from keyrank.triton_embedded.torch_encoder import TorchCrossEncoder, flops_per_sequence
-from keyrank.triton_repository import MODEL_NAME
+from keyrank.modelserver.python_models.torch_encoder import TorchCrossEncoder, flops_per_sequence
+from keyrank.modelserver.repository import MODEL_NAME
 from shared_data import CE_MODEL, DATASETS
 
 torch = pytest.importorskip("torch")
@@ -104,7 +104,7 @@ def test_the_flop_count_used_for_percent_of_peak_agrees_with_torchs_flop_counter
 
 
 def test_the_torch_scorer_ranks_like_onnx_runtime(gpu_models, prepared_models):
-    from keyrank.gpu.scorer import TorchScorer
+    from keyrank.scoring.pytorch import TorchScorer
     from keyrank.reranker import Reranker
 
     query, docs = dl20_requests(DATASETS, 2)[1]
@@ -120,7 +120,7 @@ def test_the_torch_scorer_ranks_like_onnx_runtime(gpu_models, prepared_models):
 @pytest.mark.triton
 def test_embedded_triton_serves_the_gpu_variant_with_the_onnx_scores(gpu_models, sequences, onnx_scores):
     from keyrank.scoring.triton import TritonScorer
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     settings = Settings(model_dir=gpu_models, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
     with EmbeddedTriton(gpu_models / REPOSITORY, settings=settings) as server:

@@ -96,7 +96,7 @@ def test_serve_gives_up_after_bounded_repairs_and_exits_non_zero_saying_why(prep
 
 
 def test_a_model_unloaded_behind_our_back_is_loaded_again(embedded_triton):
-    from keyrank.triton_server import ADMIN_HEADER
+    from keyrank.modelserver.embedded import ADMIN_HEADER
 
     assert embedded_triton.admin.model_ready(embedded_triton.model)
     unloaded = httpx.post(f"{embedded_triton.http_url}/v2/repository/models/{embedded_triton.model}/unload",
@@ -146,9 +146,9 @@ def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepare
     from http.server import ThreadingHTTPServer
 
     from keyrank.config import Settings
-    from keyrank.guard import ModelPathCheck, _handler
-    from keyrank.supervision import TritonAdmin
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.guard import ModelPathCheck, _handler
+    from keyrank.modelserver.supervision import TritonAdmin
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
         check = ModelPathCheck(TritonAdmin(triton.http_url), triton.model, every_s=0.1,
@@ -171,7 +171,7 @@ def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepare
 
 
 def _supervised_by(triton, **timing):
-    from keyrank.supervision import Supervisor
+    from keyrank.modelserver.supervision import Supervisor
 
     supervisor = Supervisor(triton, tick_s=0.05, probe_every_s=0.2, **timing)
     triton.supervisor = supervisor
@@ -185,7 +185,7 @@ def test_a_busy_model_whose_probes_time_out_is_not_taken_for_a_hung_one(prepared
     import threading
 
     from keyrank.config import Settings
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
         rows, length = 4, 256
@@ -217,7 +217,7 @@ def test_a_busy_model_whose_probes_time_out_is_not_taken_for_a_hung_one(prepared
 
 def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prepared_models):
     from keyrank.config import Settings
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
         (stub,) = stubs_of(triton.pid)
@@ -237,6 +237,6 @@ def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prep
 
 
 def process_alive_(pid: int) -> bool:
-    from keyrank.supervision import process_alive
+    from keyrank.modelserver.supervision import process_alive
 
     return process_alive(pid)

@@ -32,7 +32,7 @@ PAIRS = [
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """family -> (checkpoint, `keyrank prepare` output), exported with the ONNX parity check."""
-    from keyrank.export import prepare
+    from keyrank.prepare.export import prepare
 
     out = {}
     for kind in FAMILIES:
@@ -89,7 +89,7 @@ def _torch_scores(kind: str, checkpoint: Path, inputs) -> np.ndarray:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from keyrank.onnx_export import _uses_segments
+    from keyrank.prepare.cross_encoder import _uses_segments
 
     decoder = kind in DECODER_FAMILIES
     model = (AutoModelForCausalLM if decoder else AutoModelForSequenceClassification).from_pretrained(checkpoint).eval()
@@ -140,7 +140,7 @@ def test_decoder_template_frames_the_published_prompt_with_yes_no_ids(prepared):
 def test_an_unsupported_family_fails_at_prepare_naming_it(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from keyrank.export import prepare
+    from keyrank.prepare.export import prepare
 
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=50, n_positions=64)).save_pretrained(tmp_path / "ckpt")
     with pytest.raises(UnsupportedModel, match=r"model family 'gpt2'.*supported: .*bert"):
@@ -226,7 +226,7 @@ def _fold(text: str) -> str:
 @pytest.fixture(scope="module")
 def family_triton(prepared, tmp_path_factory):
     """One embedded Triton serving every family's model (as ce_<family>)."""
-    from keyrank.triton_server import EmbeddedTriton
+    from keyrank.modelserver.embedded import EmbeddedTriton
 
     repo = tmp_path_factory.mktemp("families-repo")
     for kind, (_, models) in prepared.items():
@@ -238,7 +238,7 @@ def family_triton(prepared, tmp_path_factory):
     with EmbeddedTriton(repo, settings=settings) as server:
         import tritonclient.grpc as grpcclient
 
-        from keyrank.triton_server import GRPC_ADMIN_HEADER
+        from keyrank.modelserver.embedded import GRPC_ADMIN_HEADER
 
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for kind in prepared:  # explicit model control loads only ce_bert: the rest through the admin API

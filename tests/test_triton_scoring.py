@@ -19,7 +19,7 @@ from keyrank.config import Settings
 from keyrank.errors import ScoringUnavailable
 from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.triton import TritonScorer
-from keyrank.triton_server import EmbeddedTriton, EmbeddedTritonError
+from keyrank.modelserver.embedded import EmbeddedTriton, EmbeddedTritonError
 from tokenizers import Tokenizer
 
 # Real text of very different lengths, so the pairs land in every bucket (64..512).
@@ -326,7 +326,7 @@ def test_embedded_triton_dies_with_the_process_that_started_it(prepared_models, 
         import os
         from pathlib import Path
         from keyrank.config import Settings
-        from keyrank.triton_server import EmbeddedTriton
+        from keyrank.modelserver.embedded import EmbeddedTriton
         settings = Settings(embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
         server = EmbeddedTriton(Path({str(Path(prepared_models) / "triton-embedded")!r}), settings=settings,
                                 work_dir=Path({str(tmp_path)!r}))

@@ -1,8 +1,10 @@
 """Stage 0, at the door: admit a request only if the work already admitted can drain in time.
 
 In the style of text-embeddings-inference's queue bound: every request's cost is
-estimated from its strategy and character counts, before any tokenizing, in
-cross-encoder sequences; admitted, unfinished work is bounded; a request that
+estimated from its strategy, selector and character counts, before any
+tokenizing, in cross-encoder sequences; a request that alone could not finish
+inside its deadline at the measured rate is refused at once with a 422 that
+says what to change; admitted, unfinished work is bounded, and a request that
 would exceed the bound is answered 429 at once, with a ``Retry-After`` that is
 the time the work queued now needs to drain at the measured rate. Deadline
 503s stay for outages: what is admitted can finish inside its deadline.
@@ -32,15 +34,13 @@ import numpy as np
 
 from keyrank import metrics
 from keyrank.config import Settings
-from keyrank.errors import Overloaded
+from keyrank.errors import Overloaded, TooCostly
+from keyrank.select import get_selector
 from keyrank.strategies import get_spec
 
 CHARS_PER_TOKEN = 4.0
 """Characters per token of English prose under BERT/RoBERTa-style vocabularies (~4, the figure
 OpenAI and Hugging Face quote); over-estimating the token count of code or numbers is the safe side."""
-
-FRAME_TOKENS = 4
-"""Special tokens around query and document in one sequence ([CLS] q [SEP] d [SEP] is 3; <s> q </s></s> d </s> is 4)."""
 
 _RATE_SAMPLE_S = 1.0
 """Busy time over which one drain-rate sample is taken."""
@@ -48,6 +48,9 @@ _RATE_SMOOTHING = 0.3
 """Weight of a new sample in the moving average of the drain rate."""
 _MAX_RETRY_AFTER_S = 60
 """Retry-After is capped: past a minute a client should rather fail over than wait."""
+DEADLINE_SHARE = 0.8
+"""A request alone may need at most this share of its deadline at the measured rate; the rest is margin
+for the estimate and the CPU stages. Past it, it is refused at the door (``TooCostly``)."""
 
 
 def estimate_sequences(
@@ -56,13 +59,18 @@ def estimate_sequences(
     query: str,
     documents: Sequence[str],
     settings: Settings,
+    *,
+    frame_tokens: int,
     max_tokens_per_doc: int | None = None,
-) -> int:
-    """Cross-encoder sequences the request will need, from character counts only.
+    max_windows_per_doc: int | None = None,
+) -> float:
+    """Cross-encoder sequences (of up to 512 tokens) the request will cost, from character counts only.
 
-    prefix (firstp) and blocks (keyb2) read one sequence per document; the cross selector first
-    scores every block alone; sliding windows overlap by the stride (half a window by default) and
-    disjoint chunks do not, both capped at ``max_windows_per_doc``.
+    ``frame_tokens`` is the model template's frame (3 for BERT, tens for a decoder prompt): it decides how
+    many document tokens a window holds. prefix (firstp) and blocks (keyb2) read one sequence per
+    document; a selector adds its row's ``sequences_per_block`` for every block (the cross selector one
+    sequence each, the bi-encoder's pass over a block about an eighth); sliding windows overlap by the
+    stride and disjoint chunks do not, capped at the request's window cap or the service's.
     """
     spec = get_spec(strategy)
     chars = np.fromiter((len(d) for d in documents), dtype=np.float64, count=len(documents))
@@ -70,22 +78,23 @@ def estimate_sequences(
     if max_tokens_per_doc is not None:
         tokens = np.minimum(tokens, max_tokens_per_doc)
     query_tokens = min(math.ceil(len(query) / CHARS_PER_TOKEN), settings.query_max_tokens)
-    window = max(1, settings.max_sequence_length - query_tokens - FRAME_TOKENS)
+    window = max(1, settings.max_sequence_length - query_tokens - frame_tokens)
     if spec.cut == "prefix":
-        return len(documents)
+        return float(len(documents))
     if spec.cut == "blocks":
-        blocks = np.ceil(tokens / settings.block_max_tokens) if selector == "cross" else 0
-        return int(len(documents) + np.sum(blocks))
+        per_block = get_selector(selector).sequences_per_block if selector else 0.0
+        return float(len(documents) + per_block * np.sum(np.ceil(tokens / settings.block_max_tokens)))
     stride = window if spec.cut == "disjoint" else (settings.window_stride or max(1, window // 2))
     windows = 1 + np.ceil(np.maximum(tokens - window, 0) / stride)
-    return int(np.sum(np.minimum(windows, settings.max_windows_per_doc)))
+    cap = min(max_windows_per_doc, settings.max_windows_per_doc) if max_windows_per_doc else settings.max_windows_per_doc
+    return float(np.sum(np.minimum(windows, cap)))
 
 
 @dataclass(slots=True)
 class Ticket:
     """One admitted request's share of the queue, returned by ``release``."""
 
-    sequences: int
+    sequences: float
     """The request's estimated cost."""
     released: bool = False
     """Set by ``release``: a ticket frees its share once."""
@@ -99,9 +108,11 @@ class AdmissionQueue:
         """KEYRANK_MAX_QUEUED_SEQUENCES, or None to size the bound from the drain rate."""
         self.wait_budget_s: float = settings.request_timeout_s / 2
         """How long admitted work may wait to drain: half the deadline."""
+        self.deadline_s: float = settings.request_timeout_s
+        """The service's request deadline (KEYRANK_REQUEST_TIMEOUT_S)."""
         self.rate: float = settings.capacity_sequences_per_s
         """Sequences per second drained while busy (moving average; seeded from the settings)."""
-        self.depth: int = 0
+        self.depth: float = 0.0
         """Estimated sequences admitted and not finished."""
         self._busy_since: float | None = None
         self._sample_busy_s = 0.0
@@ -120,16 +131,23 @@ class AdmissionQueue:
         """Seconds until the work queued now has drained at the measured rate (1..60)."""
         return min(_MAX_RETRY_AFTER_S, max(1, math.ceil(self.depth / self.rate)))
 
-    def admit(self, sequences: int) -> Ticket:
-        """A ticket, or ``Overloaded`` when the bound would be passed.
-
-        An idle gateway admits any request, however large, so that no request is refused forever;
-        it then runs alone and its deadline decides.
-        """
+    def admit(self, sequences: float, deadline_s: float | None = None) -> Ticket:
+        """A ticket; ``TooCostly`` when the request alone cannot finish inside its deadline at the measured
+        rate (no retry would help); ``Overloaded`` when the bound on queued work would be passed."""
+        deadline_s = deadline_s or self.deadline_s
+        needed_s = sequences / self.rate
+        if needed_s > DEADLINE_SHARE * deadline_s:
+            raise TooCostly(
+                f"this request needs about {sequences:.0f} cross-encoder sequences, {needed_s:.0f} s at the measured "
+                f"{self.rate:.1f} sequences/s, more than its {deadline_s:.0f} s deadline allows; send fewer or shorter "
+                f"documents, set max_tokens_per_doc (or max_chunks_per_doc), use a cheaper strategy (keyb2 with bm25 or "
+                f"firstp read one sequence per document), or raise the deadline (KEYRANK_REQUEST_TIMEOUT_S)",
+                field="documents",
+            )
         if self.depth > 0 and self.depth + sequences > self.bound:
             raise Overloaded(
-                f"the gateway is at capacity ({self.depth} sequences queued, bound {self.bound}); "
-                f"this request needs about {sequences}",
+                f"the gateway is at capacity ({self.depth:.0f} sequences queued, bound {self.bound}); "
+                f"this request needs about {sequences:.0f}",
                 retry_after_s=self.retry_after_s(),
             )
         if self.depth == 0:

@@ -12,7 +12,7 @@ _SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from keyrank.launcher import serve
+    from keyrank.modelserver.launcher import serve
 
     overrides = {k: v for k, v in vars(args).items() if k in _SERVE_OPTIONS}
     return serve(get_settings().with_overrides(**overrides))
@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("prepare", "eval", "bench", "guard"):
         command, rest = argv[0], argv[1:]
         if command == "guard":
-            from keyrank.guard import main as guard_main
+            from keyrank.modelserver.guard import main as guard_main
 
             return guard_main(rest)
         if command == "prepare":
-            from keyrank.export import main as prepare_main
+            from keyrank.prepare.export import main as prepare_main
 
             return prepare_main(rest) or 0
         if command == "eval":

@@ -13,14 +13,13 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from keyrank.select import SELECTORS
 from keyrank.strategies import STRATEGIES
 
-# The strategy registry (strategies/__init__.py) is the one list of names: this type, the API's enum and
-# the docs derive from it.
+# The strategy and selector registries (strategies/__init__.py, select/__init__.py) are the one list of
+# names: these types, the API's enums and the docs derive from them.
 Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
-Selector = Literal["bm25", "dense", "cross", "hybrid"]
-
-SELECTORS: tuple[str, ...] = Selector.__args__  # type: ignore[attr-defined]
+Selector = Literal[SELECTORS]  # type: ignore[valid-type]
 
 
 class Settings(BaseSettings):

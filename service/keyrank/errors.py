@@ -23,6 +23,11 @@ class LimitExceeded(InvalidRequest):
         self.setting = setting
 
 
+class TooCostly(InvalidRequest):
+    """The request alone cannot finish inside its deadline at the measured rate (-> 422 at the door, never a
+    503 after the deadline): the message says what to change."""
+
+
 class Overloaded(KeyrankError):
     """Admitting the request would pass the bound on queued work (-> 429 + Retry-After)."""
 

@@ -2,31 +2,42 @@
 
     encode (tokenize) -> segment -> select (keyb2) -> assemble -> model inputs
 
-``Pipeline.plan`` runs them all and answers a ``Plan``: what the scorer must
-score and how the scores map back to documents. The server (reranker.py),
-``keyrank bench`` and ``keyrank finetune`` all build their model inputs here,
-so what is trained, measured and served cannot drift apart. Scoring and
-aggregation come after, in reranker.py.
+One plan, split only where serving must await the model:
+
+    Pipeline.cut(...)      tokenize, segment, CPU selectors   -> Cut
+    (the cross selector's block logits, scored by the caller)
+    Pipeline.finish(cut)   assemble, frame with the template   -> Plan
+
+``Pipeline.plan`` is the two run back to back (with a synchronous
+``cross_scorer`` for the cross selector). ``Reranker.arank`` runs ``cut`` and
+``finish`` on a worker thread and awaits the scorer between them; ``keyrank
+bench`` and ``keyrank finetune`` call ``plan``. There is no other code path
+that builds model inputs, so what is trained, measured and served cannot
+drift apart. Scoring and aggregation come after, in reranker.py.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from keyrank.config import SELECTORS, Settings
+from keyrank import metrics
+from keyrank.config import Settings
 from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.scoring import ModelInputs
 from keyrank.segment import Spans, blocks, token_break_costs, windows
-from keyrank.select.bm25 import IdfTable, bm25_scores, term_mask
-from keyrank.select.hybrid import hybrid_scores
+from keyrank.select import REGISTRY as SELECTOR_REGISTRY
+from keyrank.select import SELECTORS, get_selector
+from keyrank.select.bm25 import IdfTable, term_mask
 from keyrank.strategies import REGISTRY, STRATEGIES, Passage, StrategySpec
 from keyrank.strategies.firstp import first_passage
 from keyrank.strategies.keyb2 import keyb2_passages
@@ -74,6 +85,8 @@ class Plan:
     """What each sequence holds of its document, grouped by document."""
     inputs: ModelInputs
     """The sequences, framed by the model's template."""
+    selector_inputs: ModelInputs
+    """What the cross selector scored before assembly (empty for the other selectors)."""
 
     @property
     def doc_of(self) -> np.ndarray:
@@ -85,6 +98,58 @@ class Plan:
         """Per document: tokens past a cap (``max_tokens_per_doc``, the window cap) were not read."""
         windowed = self.spec.windowed
         return [d.truncated or (windowed and self.pieces[i].truncated) for i, d in enumerate(self.docs)]
+
+
+class StageTimer:
+    """Per-stage wall time of one request, mirrored into the stage histogram (metrics.STAGE_SECONDS)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        """Milliseconds per stage run so far (a stage run twice adds up)."""
+        self._t0 = time.perf_counter()
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - started
+            self.ms[name] = self.ms.get(name, 0.0) + seconds * 1000.0
+            metrics.STAGE_SECONDS.labels(name).observe(seconds)
+
+    def total(self) -> dict[str, float]:
+        """The stages this request ran (a stage it skipped is absent, not 0), and the total."""
+        seconds = time.perf_counter() - self._t0
+        metrics.STAGE_SECONDS.labels("total").observe(seconds)
+        return {**{k: round(v, 3) for k, v in self.ms.items()}, "total": round(seconds * 1000.0, 3)}
+
+
+@dataclass(slots=True)
+class Cut:
+    """A request after tokenize, segment and (CPU) select: the first half of its plan."""
+
+    query: Encoded
+    """The query's tokens (after the query cap)."""
+    docs: list[Encoded]
+    """Every document's tokens (after ``max_tokens_per_doc``)."""
+    spec: StrategySpec
+    """The strategy's registry row."""
+    selector: str | None
+    """The block selector (strategies that select), else None."""
+    budget: int
+    """Document tokens that fit next to the query in one sequence."""
+    pieces: list[Spans]
+    """Blocks or windows of each document (empty for firstp)."""
+    block_scores: list[np.ndarray]
+    """Selector score of every block of every document (empty until the cross selector's logits arrive)."""
+    selector_inputs: ModelInputs
+    """The cross selector's sequences (each block alone with the query), which the caller scores."""
+
+    @property
+    def awaits_model(self) -> bool:
+        """The cross selector's block logits must be scored before ``Pipeline.finish``."""
+        return len(self.selector_inputs) > 0 and not self.block_scores
 
 
 class Pipeline:
@@ -154,21 +219,8 @@ class Pipeline:
 
     # --- 3. select ------------------------------------------------------------------------
     def block_scores(self, selector: str, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-        """Scores of every block of every document by a CPU selector (bm25, dense, hybrid)."""
-        counts = np.cumsum([len(sp) for sp in pieces])[:-1]
-        if selector == "bm25":
-            flat = self.documents.block_terms(docs, pieces, self.is_term)
-            query_terms = query.ids[self.is_term[query.ids]]
-            scores = bm25_scores(query_terms, flat, k1=self.settings.bm25_k1, b=self.settings.bm25_b, idf_table=self.idf)
-            return np.split(scores, counts)
-        if selector == "dense":
-            texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
-            return self.dense().score_blocks(query_text, texts)
-        if selector == "hybrid":  # reciprocal rank fusion of the lexical and the bi-encoder ranking
-            lexical = self.block_scores("bm25", query_text, query, docs, pieces)
-            dense = self.block_scores("dense", query_text, query, docs, pieces)
-            return hybrid_scores(lexical, dense, k=self.settings.hybrid_rrf_k)
-        raise ValueError(f"selector {selector!r} is not scored on the CPU")
+        """Scores of every block of every document by a gateway selector (select.REGISTRY's ``module``)."""
+        return get_selector(selector).scorer()(self, query_text, query, docs, pieces)
 
     def cross_selector_inputs(self, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> ModelInputs:
         """Each block alone with the query: what the cross selector scores before assembly."""
@@ -221,6 +273,43 @@ class Pipeline:
             )
         return spec, selector
 
+    def cut(self, query: str, documents: Sequence[str], options: RerankOptions = RerankOptions(),
+            timer: StageTimer | None = None) -> Cut:
+        """The plan's first half: tokenize, segment, and score blocks with a CPU selector. For the cross
+        selector, ``Cut.selector_inputs`` holds what the model must score before ``finish``."""
+        timer = timer or StageTimer()
+        spec, selector = self.resolve(options)
+        with timer.stage("tokenize"):
+            query_enc, docs = self.encode(query, documents, options.max_tokens_per_doc)
+        budget = self.budget(query_enc)
+        with timer.stage("segment"):
+            pieces = self.segment(docs, spec, budget, options.max_windows_per_doc)
+        scores: list[np.ndarray] = []
+        selector_inputs = ModelInputs([], [])
+        if spec.needs_selector:
+            with timer.stage("select"):
+                if SELECTOR_REGISTRY[selector].scored_by == "model":  # each block alone first (KeyB2's costliest selector)
+                    selector_inputs = self.cross_selector_inputs(query_enc, docs, pieces)
+                    if not len(selector_inputs):  # no document has a block: nothing to await
+                        scores = [np.zeros(0) for _ in pieces]
+                else:
+                    scores = self.block_scores(selector, query, query_enc, docs, pieces)
+        return Cut(query_enc, docs, spec, selector, budget, pieces, scores, selector_inputs)
+
+    def finish(self, cut: Cut, selector_logits: np.ndarray | None = None, timer: StageTimer | None = None) -> Plan:
+        """The plan's second half: assemble each document's passages and frame them with the template.
+        ``selector_logits``: the cross selector's scores of ``cut.selector_inputs``, in their order."""
+        timer = timer or StageTimer()
+        if cut.awaits_model:
+            if selector_logits is None:
+                raise ValueError("the cross selector scores blocks with the model: pass its logits of cut.selector_inputs")
+            logits = np.asarray(selector_logits, np.float64)
+            cut.block_scores = np.split(logits, np.cumsum([len(sp) for sp in cut.pieces])[:-1])
+        with timer.stage("assemble"):
+            passages = self.assemble(cut.spec, cut.docs, cut.pieces, cut.block_scores, cut.budget, cut.selector)
+            inputs = self.inputs(cut.query, cut.docs, passages)
+        return Plan(cut.query, cut.docs, cut.spec, cut.selector, cut.budget, cut.pieces, passages, inputs, cut.selector_inputs)
+
     def plan(
         self,
         query: str,
@@ -228,24 +317,18 @@ class Pipeline:
         options: RerankOptions = RerankOptions(),
         *,
         cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None,
+        timer: StageTimer | None = None,
     ) -> Plan:
-        """Every CPU stage in order. The ``cross`` selector needs ``cross_scorer`` (block logits)."""
-        spec, selector = self.resolve(options)
-        query_enc, docs = self.encode(query, documents, options.max_tokens_per_doc)
-        budget = self.budget(query_enc)
-        pieces = self.segment(docs, spec, budget, options.max_windows_per_doc)
-        scores: list[np.ndarray] = []
-        if spec.needs_selector:
-            if selector == "cross":
-                if cross_scorer is None:
-                    raise ValueError("the cross selector scores blocks with the model: pass cross_scorer")
-                logits = np.asarray(cross_scorer(self.cross_selector_inputs(query_enc, docs, pieces)), np.float64)
-                scores = np.split(logits, np.cumsum([len(sp) for sp in pieces])[:-1])
-            else:
-                scores = self.block_scores(selector, query, query_enc, docs, pieces)
-        passages = self.assemble(spec, docs, pieces, scores, budget, selector)
-        return Plan(query_enc, docs, spec, selector, budget, pieces, passages, self.inputs(query_enc, docs, passages))
-
+        """Every CPU stage in order: ``cut`` then ``finish``. The cross selector needs ``cross_scorer``
+        (block logits of ``Cut.selector_inputs``), which a synchronous caller supplies."""
+        cut = self.cut(query, documents, options, timer)
+        logits = None
+        if cut.awaits_model:
+            if cross_scorer is None:
+                raise ValueError("the cross selector scores blocks with the model: pass cross_scorer")
+            with (timer or StageTimer()).stage("select"):
+                logits = cross_scorer(cut.selector_inputs)
+        return self.finish(cut, logits, timer)
 
 def load_template(manifest: dict, gateway: Path) -> InputTemplate:
     """The manifest's template; a manifest from before templates existed was always BERT-style."""

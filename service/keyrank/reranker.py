@@ -2,8 +2,8 @@
 
     tokenize -> segment -> select (keyb2) -> assemble -> infer (Scorer) -> aggregate
 
-The CPU stages are pipeline.py's (shared with ``keyrank bench`` and
-``keyrank finetune``); scoring is a ``Scorer`` (Triton, or ONNX Runtime
+The CPU stages are pipeline.py's one plan (``cut`` / ``finish``, shared with
+``keyrank bench`` and ``keyrank finetune``); scoring is a ``Scorer`` (Triton, or ONNX Runtime
 in-process). Usable without HTTP, as small as sentence-transformers' CrossEncoder::
 
     reranker = Reranker.local("models")                    # no Triton: ONNX Runtime in-process
@@ -28,15 +28,12 @@ from keyrank import metrics
 from keyrank.aggregate import ClassifierHead, aggregate
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest
-from keyrank.pipeline import Pipeline, Plan, RerankOptions
-from keyrank.scoring import ModelInputs, Scorer
+from keyrank.pipeline import Pipeline, Plan, RerankOptions, StageTimer
+from keyrank.scoring import Scorer
 from keyrank.strategies import Passage
 from keyrank.tokenize import Encoded
 
 __all__ = ["Evidence", "RankedDocument", "Ranking", "RerankOptions", "Reranker", "Usage"]
-
-STAGES = ("tokenize", "segment", "select", "assemble", "infer", "aggregate")
-
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
@@ -98,25 +95,6 @@ class Ranking:
     """Wall time per stage and in total."""
 
 
-class _Timer:
-    """Per-stage wall time for one request, mirrored into the stage histogram."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-        self._t0 = time.perf_counter()
-
-    def add(self, stage: str, started: float) -> None:
-        seconds = time.perf_counter() - started
-        self.ms[stage] = self.ms.get(stage, 0.0) + seconds * 1000.0
-        metrics.STAGE_SECONDS.labels(stage).observe(seconds)
-
-    def total(self) -> dict[str, float]:
-        """The stages this request ran (a stage it skipped is absent, not 0), and the total."""
-        seconds = time.perf_counter() - self._t0
-        metrics.STAGE_SECONDS.labels("total").observe(seconds)
-        return {**{k: round(v, 3) for k, v in self.ms.items()}, "total": round(seconds * 1000.0, 3)}
-
-
 class Reranker:
     """Ranks documents for a query: the pipeline's plan, scored by a ``Scorer``, aggregated."""
 
@@ -157,65 +135,55 @@ class Reranker:
 
     # --- the pipeline -------------------------------------------------------------
     async def arank(self, query: str, documents: Sequence[str], options: RerankOptions | None = None) -> Ranking:
-        """Rank ``documents`` for ``query``; raises InvalidRequest or ScoringUnavailable."""
+        """Rank ``documents`` for ``query``; raises InvalidRequest or ScoringUnavailable.
+
+        The CPU work is ``Pipeline.cut`` / ``Pipeline.finish`` (the one plan ``keyrank finetune`` and
+        ``keyrank bench`` call too) and the fold, each on a worker thread; this coroutine only awaits
+        the scorer: once for the cross selector's blocks (keyb2/cross), once for the plan's sequences."""
         options = options or RerankOptions()
-        s = self.settings
         _check(query, documents, options)
-        spec, selector = self.pipeline.resolve(options)
-        deadline = time.monotonic() + (options.timeout_s or s.request_timeout_s)
-        timer = _Timer()
+        spec, _ = self.pipeline.resolve(options)  # unknown names refused before any work
+        deadline = time.monotonic() + (options.timeout_s or self.settings.request_timeout_s)
+        timer = StageTimer()
         p = self.pipeline
 
-        started = time.perf_counter()
-        query_enc, docs = await asyncio.to_thread(p.encode, query, documents, options.max_tokens_per_doc)
-        timer.add("tokenize", started)
-        budget = p.budget(query_enc)
+        cut = await asyncio.to_thread(p.cut, query, documents, options, timer)
+        logits = None
+        if cut.awaits_model:
+            with timer.stage("select"):
+                logits = (await self.scorer.score(cut.selector_inputs, want_pooled=False, deadline=deadline)).logits
+        plan = await asyncio.to_thread(p.finish, cut, logits, timer)
 
-        started = time.perf_counter()
-        pieces = await asyncio.to_thread(p.segment, docs, spec, budget, options.max_windows_per_doc)
-        timer.add("segment", started)
+        with timer.stage("infer"):
+            scores = await self.scorer.score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
 
-        block_scores: list[np.ndarray] = []
-        selector_inputs = ModelInputs([], [])
-        if spec.needs_selector:
-            started = time.perf_counter()
-            if selector == "cross":  # the cross-encoder scores each block alone first (KeyB2's costliest selector)
-                selector_inputs = p.cross_selector_inputs(query_enc, docs, pieces)
-                scored = await self.scorer.score(selector_inputs, want_pooled=False, deadline=deadline)
-                block_scores = np.split(scored.logits.astype(np.float64), np.cumsum([len(sp) for sp in pieces])[:-1])
-            else:
-                block_scores = await asyncio.to_thread(p.block_scores, selector, query, query_enc, docs, pieces)
-            timer.add("select", started)
-
-        started = time.perf_counter()
-        passages = p.assemble(spec, docs, pieces, block_scores, budget, selector)
-        plan = Plan(query_enc, docs, spec, selector, budget, pieces, passages, p.inputs(query_enc, docs, passages))
-        timer.add("assemble", started)
-
-        started = time.perf_counter()
-        scores = await self.scorer.score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
-        timer.add("infer", started)
-
-        started = time.perf_counter()
-        folded = aggregate(spec.aggregation, plan.doc_of, scores.logits, scores.pooled, self.head, self._aggregator(spec))
-        truncated = plan.truncated
-        results = [
-            RankedDocument(i, float(folded.scores[i]), _evidence(docs[i], passages[folded.best[i]]), truncated[i])
-            for i in range(len(docs))
-        ]
-        results.sort(key=lambda r: (-r.score, r.index))
-        timer.add("aggregate", started)
-
-        usage = Usage(
-            query_tokens=len(query_enc),
-            document_tokens=sum(len(d) for d in docs),
-            scored_tokens=plan.inputs.tokens + selector_inputs.tokens,
-            scored_sequences=len(plan.inputs) + len(selector_inputs),
-            truncated_documents=sum(truncated),
-        )
-        _observe(spec.name, usage, len(docs), passages, folded.best)
+        results, usage = await asyncio.to_thread(self.fold, plan, scores.logits, scores.pooled, timer)
         top = results[: options.top_n] if options.top_n else results
-        return Ranking(self.model_name, spec.name, selector, top, usage, timer.total())
+        return Ranking(self.model_name, spec.name, plan.selector, top, usage, timer.total())
+
+    def fold(self, plan: Plan, logits: np.ndarray, pooled: np.ndarray | None, timer: StageTimer | None = None
+             ) -> tuple[list[RankedDocument], Usage]:
+        """The sequences' scores folded into one per document (the strategy's aggregation), ranked, with
+        each document's evidence and the request's usage."""
+        timer = timer or StageTimer()
+        with timer.stage("aggregate"):
+            spec, docs, passages = plan.spec, plan.docs, plan.passages
+            folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
+            truncated = plan.truncated
+            results = [
+                RankedDocument(i, float(folded.scores[i]), _evidence(docs[i], passages[folded.best[i]]), truncated[i])
+                for i in range(len(docs))
+            ]
+            results.sort(key=lambda r: (-r.score, r.index))
+            usage = Usage(
+                query_tokens=len(plan.query),
+                document_tokens=sum(len(d) for d in docs),
+                scored_tokens=plan.inputs.tokens + plan.selector_inputs.tokens,
+                scored_sequences=len(plan.inputs) + len(plan.selector_inputs),
+                truncated_documents=sum(truncated),
+            )
+            _observe(spec.name, usage, len(docs), passages, folded.best)
+        return results, usage
 
     def _aggregator(self, spec):
         """The trained aggregator of a strategy that has one (PARADE-Attn/Transformer), loaded once."""
@@ -274,7 +242,7 @@ class Reranker:
     @classmethod
     def embedded(cls, settings: Settings | None = None, **overrides: Any) -> Reranker:
         """A Reranker on its own CPU Triton (the tritonserver of the nvidia-pytriton wheel)."""
-        from keyrank.triton_server import EmbeddedTriton
+        from keyrank.modelserver.embedded import EmbeddedTriton
 
         settings = settings or get_settings()
         settings = settings.with_overrides(**overrides)

@@ -72,7 +72,7 @@ def break_costs(doc: Encoded, vocab_costs: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _cheapest_cut(costs: np.ndarray, max_tokens: int, block_cost: float) -> np.ndarray:
+def cheapest_cut(costs: np.ndarray, max_tokens: int, block_cost: float) -> np.ndarray:
     # best[j]: cheapest cut of tokens [0, j); start[j]: where its last block starts.
     n = costs.shape[0]
     best = np.empty(n + 1, dtype=np.float64)
@@ -109,7 +109,7 @@ def blocks(doc: Encoded, vocab_costs: np.ndarray, max_tokens: int = 63, block_co
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Spans(empty, empty)
-    starts = _cheapest_cut(break_costs(doc, vocab_costs), max_tokens, block_cost)
+    starts = cheapest_cut(break_costs(doc, vocab_costs), max_tokens, block_cost)
     ends = np.append(starts[1:], n)
     return Spans(starts, ends)
 

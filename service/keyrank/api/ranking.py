@@ -50,9 +50,11 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     request.state.strategy = spec.name
     check_limits(query, texts, settings)
     selector = (options.selector or settings.default_selector) if spec.needs_selector else None
-    cost = estimate_sequences(spec.name, selector, query, texts, settings, options.max_tokens_per_doc)
+    template = request.app.state.reranker.template
+    cost = estimate_sequences(spec.name, selector, query, texts, settings, frame_tokens=template.frame_tokens,
+                              max_tokens_per_doc=options.max_tokens_per_doc, max_windows_per_doc=options.max_windows_per_doc)
     queue: AdmissionQueue = request.app.state.admission
-    ticket = queue.admit(cost)
+    ticket = queue.admit(cost, options.timeout_s)
     completed = False
     try:
         with metrics.IN_FLIGHT.track_inprogress():

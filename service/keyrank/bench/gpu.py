@@ -13,7 +13,7 @@ GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
   - end to end through HTTP: keyb2-bm25, maxp, firstp, p50/p99 at concurrency 1
     and queries/s at saturation; gateway = `keyrank serve --workers N` on the
     embedded GPU Triton (``triton-embedded-cuda``) when the nvidia-pytriton wheel
-    is installed, else ``python -m keyrank.gpu.gateway`` (model in-process);
+    is installed, else ``python -m keyrank.modelserver.gpu_gateway`` (model in-process);
     cold (cache off, candidates drawn from a pool) and keyb2 with every document
     seen before (cache on);
   - the do-it-yourself baseline (bench/diy.py) on the same requests, and the ratio;
@@ -37,9 +37,9 @@ from keyrank.bench import http_load
 from keyrank.bench.processes import worker_processes
 from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
-from keyrank.gpu.repository import REPOSITORY
+from keyrank.modelserver.gpu import REPOSITORY
 from keyrank.pipeline import Pipeline, RerankOptions
-from keyrank.triton_repository import MODEL_NAME
+from keyrank.modelserver.repository import MODEL_NAME
 
 SKIPPED = "GPU parts skipped: no CUDA device"
 STRATEGIES = (("keyb2", "bm25"), ("maxp", None), ("firstp", None))
@@ -92,7 +92,7 @@ def matmul_peak(n: int = 8192, iters: int = 10) -> float:
 def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, seconds: float = 2.0, *, device: str = "cuda",
                        batches: tuple[int, ...] = (32, 64, 128, 256, 512)) -> dict:
     """Pairs/s at 512 tokens per precision / CUDA graphs, best batch size; inputs and outputs cross the host as served."""
-    from keyrank.triton_embedded.torch_encoder import (
+    from keyrank.modelserver.python_models.torch_encoder import (
         TorchCrossEncoder,
         flops_per_sequence,
     )
@@ -134,7 +134,7 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
            "KEYRANK_TRITON_MAX_IN_FLIGHT": "32", "KEYRANK_MAX_BODY_BYTES": str(64 * 2**20)}
     triton, why = None, ""
     try:
-        from keyrank.triton_server import EmbeddedTriton
+        from keyrank.modelserver.embedded import EmbeddedTriton
 
         triton = EmbeddedTriton(model_dir / REPOSITORY, settings=get_settings().with_overrides(model_dir=model_dir, embedded_ready_timeout_s=600))
         triton.start().wait_ready(600)
@@ -142,7 +142,7 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
         if triton is not None:
             triton.stop()
         triton, why = None, f" (embedded Triton unavailable: {type(exc).__name__}: {str(exc)[:200]})"
-    gateway = f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else f"python -m keyrank.gpu.gateway (model in-process, 1 process){why}"
+    gateway = f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else f"python -m keyrank.modelserver.gpu_gateway (model in-process, 1 process){why}"
     out = {"gateway": gateway, "strategies": {}}
     try:
         seen_before = tuple(c for c in strategies if c == ("keyb2", "bm25"))
@@ -179,7 +179,7 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
         return result
     folder = model_dir / REPOSITORY / MODEL_NAME / "1"
     if not (folder / "encoder.json").exists():
-        raise SystemExit(f"{folder} missing: python -m keyrank.gpu.repository --out {model_dir} --model <checkpoint>")
+        raise SystemExit(f"{folder} missing: python -m keyrank.modelserver.gpu --out {model_dir} --model <checkpoint>")
     pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
     rows = np.stack([ids for ids in pipeline.plan(queries[0], pool[:20], RerankOptions(strategy="maxp")).inputs.ids if len(ids) == 512][:64])
     peak = matmul_peak()

@@ -117,4 +117,4 @@ def keyrank_serve(model_dir: Path, port: int, triton_url: str, workers: int) -> 
 
 
 def torch_gateway(model_dir: Path, port: int, device: str) -> list[str]:
-    return [sys.executable, "-m", "keyrank.gpu.gateway", "--model-dir", str(model_dir), "--port", str(port), "--device", device]
+    return [sys.executable, "-m", "keyrank.modelserver.gpu_gateway", "--model-dir", str(model_dir), "--port", str(port), "--device", device]

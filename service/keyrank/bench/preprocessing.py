@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from keyrank.bench.workloads import meeting_documents
 from keyrank.config import get_settings
 from keyrank.pipeline import Pipeline, RerankOptions
-from keyrank.segment import _cheapest_cut, blocks, break_costs
+from keyrank.segment import cheapest_cut, blocks, break_costs
 
 CASES = (("firstp", None), ("maxp", None), ("avgp", None), ("parade-max", None), ("keyb2", "bm25"), ("keyb2", "dense"))
 
@@ -73,9 +73,9 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
     # The segmentation DP alone: numba against the identical plain-Python function.
     doc = pipeline.tokenizer.encode_documents([docs[0]])[0]
     costs = break_costs(doc, pipeline.break_costs)
-    numba_s = _median_seconds(lambda: _cheapest_cut(costs, 63, 1.0), repeats)
-    python_s = _median_seconds(lambda: _cheapest_cut.py_func(costs, 63, 1.0), max(1, repeats // 2))
-    assert np.array_equal(_cheapest_cut(costs, 63, 1.0), _cheapest_cut.py_func(costs, 63, 1.0))
+    numba_s = _median_seconds(lambda: cheapest_cut(costs, 63, 1.0), repeats)
+    python_s = _median_seconds(lambda: cheapest_cut.py_func(costs, 63, 1.0), max(1, repeats // 2))
+    assert np.array_equal(cheapest_cut(costs, 63, 1.0), cheapest_cut.py_func(costs, 63, 1.0))
     result["segmentation_dp"] = {
         "tokens": len(doc),
         "numba_ms": numba_s * 1000,

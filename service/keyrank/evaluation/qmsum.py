@@ -130,7 +130,7 @@ def build(data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed:
 
     ``train-dev``: the train meetings `keyrank finetune` keeps out of training for its dev
     metric (training/splits.py): the split to choose settings on with a fine-tuned scorer."""
-    from keyrank.training.splits import qmsum_dev_meeting
+    from keyrank.evaluation.splits import qmsum_dev_meeting
 
     folder = "train" if split == "train-dev" else split
     queries = []

@@ -54,7 +54,7 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
 
 def dl20_pool(data_dir: Path, which: str) -> list[str]:
     """Usable DL20 topics on one side of the fixed train / held-back split (or all of them)."""
-    from keyrank.training.splits import dl20_held_back
+    from keyrank.evaluation.splits import dl20_held_back
 
     usable = farrelevant.usable_topics(data_dir)
     if which == "all":

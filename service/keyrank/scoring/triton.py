@@ -21,7 +21,6 @@ from tritonclient.utils import InferenceServerException
 
 from keyrank import metrics
 from keyrank.errors import ScoringUnavailable
-from keyrank.supervision import serves_as
 from keyrank.scoring import (
     Batch,
     ModelInputs,
@@ -58,6 +57,15 @@ backoff, so the first request after Triton comes back succeeds and a dead Triton
 
 # A rejected request is our bug (wrong shape or dtype), not an outage: it must not hide as a 503.
 _CALLER_BUGS = {"StatusCode.INVALID_ARGUMENT", "StatusCode.UNIMPLEMENTED"}
+
+
+
+async def serves_as(client: Any, expected_id: str | None, timeout: float) -> bool:
+    """Whether the Triton behind ``client`` (``tritonclient.grpc.aio``) reports ``expected_id`` as its
+    name (its ``--id``); True when no id is expected (an external Triton)."""
+    if not expected_id:
+        return True
+    return (await client.get_server_metadata(client_timeout=timeout)).name == expected_id
 
 
 class _Unreachable(ScoringUnavailable):

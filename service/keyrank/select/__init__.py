@@ -1,7 +1,81 @@
 """Stage 3 (keyb2 only): score each block of each document against the query.
 
-``bm25`` (lexical, pure numpy), ``dense`` (bi-encoder in-process, ONNX Runtime)
-and ``cross`` (the cross-encoder itself on Triton, driven by the reranker).
+``REGISTRY`` is the one table of selectors, beside the strategies' table: the
+config's ``Selector`` type, the API's enum, ``Pipeline.block_scores``, the
+adaptive budget (strategies/keyb2.py), admission's cost estimate and the
+README's table all read it. Adding a selector is its own module (a
+``score_blocks`` function) and one row here.
+
 Selectors return scores; choosing blocks under the budget is the keyb2
-strategy's job.
+strategy's job. This module imports nothing heavy: a row names its module,
+which the pipeline imports on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorSpec:
+    """One block selector: where it scores, what its scores mean, what it costs."""
+
+    name: str
+    """The API's name for it."""
+    scored_by: Literal["gateway", "model"]
+    """``gateway``: scored in-process on the CPU (``module.score_blocks``); ``model``: every block is sent
+    alone with the query to the cross-encoder first (one extra round trip, awaited by the reranker)."""
+    module: str | None
+    """The module whose ``score_blocks(pipeline, query_text, query, docs, pieces)`` scores blocks (gateway)."""
+    ratio_scale: bool
+    """Scores are >= 0 with a meaningful zero, so "at least a share of the best block" is a sound rule
+    (``keyb2_min_score_share``, the adaptive budget); cosines and logits are not."""
+    bi_encoder: bool
+    """Needs the prepared bi-encoder (models/gateway/bi_encoder), and embeds each block not seen before."""
+    sequences_per_block: float
+    """Admission's cost model: work per block in cross-encoder sequences (512 tokens) before assembly:
+    1 for the cross selector (each block is one model input); a bi-encoder pass over a 63-token block is
+    about 1/8 of a 512-token cross-encoder pass (same MiniLM-L6 body, 1/8 of the tokens); BM25 is free."""
+    summary: str
+    """How it scores blocks (docs and OpenAPI)."""
+
+    def scorer(self) -> Callable:
+        """The module's ``score_blocks`` (gateway selectors)."""
+        if self.module is None:
+            raise ValueError(f"selector {self.name!r} is scored by the model, not in the gateway")
+        return importlib.import_module(self.module).score_blocks
+
+
+REGISTRY: dict[str, SelectorSpec] = {
+    spec.name: spec
+    for spec in (
+        SelectorSpec("bm25", "gateway", "keyrank.select.bm25", ratio_scale=True, bi_encoder=False, sequences_per_block=0.0,
+                     summary="BM25 over the block's terms (k1 0.9, b 0.4), smoothed IDF"),
+        SelectorSpec("dense", "gateway", "keyrank.select.dense", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,
+                     summary="all-MiniLM-L6-v2 cosine of query and block, in-process (ONNX Runtime), embeddings cached"),
+        SelectorSpec("cross", "model", None, ratio_scale=False, bi_encoder=False, sequences_per_block=1.0,
+                     summary="the cross-encoder's score of each block alone with the query"),
+        SelectorSpec("hybrid", "gateway", "keyrank.select.hybrid", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,
+                     summary="reciprocal rank fusion of the bm25 and dense rankings"),
+    )
+}
+SELECTORS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def get_selector(name: str) -> SelectorSpec:
+    """The registry row; KeyError names the known selectors."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown selector {name!r}; expected one of {', '.join(SELECTORS)}") from None
+
+
+def markdown_table() -> str:
+    """The README's selector table, written from the registry (a test keeps the README equal to it)."""
+    rows = ["| selector | scored by | how it scores blocks | adaptive budget |", "| --- | --- | --- | --- |"]
+    for s in REGISTRY.values():
+        rows.append(f"| `{s.name}` | {s.scored_by} | {s.summary} | {'yes' if s.ratio_scale else '-'} |")
+    return "\n".join(rows)

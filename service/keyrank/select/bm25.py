@@ -19,6 +19,13 @@ import numpy as np
 
 from keyrank.tokenize import TextTokenizer
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keyrank.pipeline import Pipeline
+    from keyrank.segment import Spans
+    from keyrank.tokenize import Encoded
+
 
 @dataclass(frozen=True, slots=True)
 class BlockTerms:
@@ -110,3 +117,13 @@ def bm25_scores(
     denominator = tf + norm[:, None]
     saturated = np.divide(tf * (k1 + 1.0), denominator, out=np.zeros(tf.shape), where=denominator > 0)
     return saturated @ (idf * query_tf)
+
+
+def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+    """The ``bm25`` selector: every block of every document scored against the query's terms. The blocks'
+    terms come from the document cache (doc_cache.py), extracted by ``block_terms`` with the pipeline's term mask."""
+    flat = pipeline.documents.block_terms(docs, pieces, pipeline.is_term)
+    query_terms = query.ids[pipeline.is_term[query.ids]]
+    s = pipeline.settings
+    scores = bm25_scores(query_terms, flat, k1=s.bm25_k1, b=s.bm25_b, idf_table=pipeline.idf)
+    return np.split(scores, np.cumsum([len(sp) for sp in pieces])[:-1])

@@ -23,6 +23,13 @@ from tokenizers import Encoding, Tokenizer
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keyrank.pipeline import Pipeline
+    from keyrank.segment import Spans
+    from keyrank.tokenize import Encoded
+
 
 def pad_batch(encodings: Sequence[Encoding], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """input_ids, attention_mask, token_type_ids: int64 [N, longest] from ``tokenizers`` encodings."""
@@ -150,3 +157,9 @@ def _model_identity(folder: Path) -> str:
             return str(entry["fingerprint"])
     stat = (folder / "model.onnx").stat()
     return f"{stat.st_size}-{stat.st_mtime_ns}"
+
+
+def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+    """The ``dense`` selector: the bi-encoder's cosine of the query text and each block's text."""
+    texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
+    return pipeline.dense().score_blocks(query_text, texts)

@@ -16,6 +16,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from keyrank.pipeline import Pipeline
+    from keyrank.segment import Spans
+    from keyrank.tokenize import Encoded
+
 RRF_K = 60
 """Cormack et al.'s constant."""
 
@@ -44,3 +51,10 @@ def hybrid_scores(lexical: Sequence[np.ndarray], dense: Sequence[np.ndarray], k:
     if len(lexical) != len(dense):
         raise ValueError(f"{len(lexical)} documents scored by BM25 but {len(dense)} by the bi-encoder")
     return [reciprocal_rank_fusion(a, b, k=k) for a, b in zip(lexical, dense)]
+
+
+def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+    """The ``hybrid`` selector: reciprocal rank fusion of the bm25 and the dense ranking of each document's blocks."""
+    lexical = pipeline.block_scores("bm25", query_text, query, docs, pieces)
+    dense = pipeline.block_scores("dense", query_text, query, docs, pieces)
+    return hybrid_scores(lexical, dense, k=pipeline.settings.hybrid_rrf_k)

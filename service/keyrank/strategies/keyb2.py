@@ -28,15 +28,17 @@ from typing import Any
 import numpy as np
 
 from keyrank.segment import Spans
+from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
 from keyrank.strategies import Passage
 from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")
 """How the chosen blocks are read: as the text runs (the papers), or best-scored first."""
-SHARE_SELECTORS = ("bm25",)
-"""Selectors whose block scores are on a ratio scale (0 = no query term), so that "half the best
-block's score" means something: BM25. Cosines, fused ranks and logits are not; they fill the budget."""
+SHARE_SELECTORS = tuple(s.name for s in SELECTOR_REGISTRY.values() if s.ratio_scale)
+"""Selectors whose block scores are on a ratio scale (select.REGISTRY's ``ratio_scale``: 0 = no query term),
+so that "half the best block's score" means something: BM25. Cosines, fused ranks and logits are not; they
+fill the budget."""
 BUDGET_RULES = ("paper480", "fill")
 """``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
 

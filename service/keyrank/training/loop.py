@@ -69,7 +69,7 @@ class _Run:
 
     def __init__(self, config: FinetuneConfig):
         from keyrank.config import get_settings
-        from keyrank.export import prepare
+        from keyrank.prepare.export import prepare
         from keyrank.pipeline import Pipeline
 
         self.config = c = config
@@ -331,7 +331,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
 
 def _write_outputs(run: _Run, result: FinetuneResult) -> None:
     """The current weights as the run's deliverables: the checkpoint folder and/or the aggregator's ONNX."""
-    from keyrank.export import fingerprint as checkpoint_fingerprint
+    from keyrank.prepare.export import fingerprint as checkpoint_fingerprint
 
     fingerprint = run.manifest["cross_encoder"]["fingerprint"]
     if run.encoder is not None:
@@ -355,7 +355,7 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
 
 def _check_export(run: _Run, result: FinetuneResult, timings: dict) -> None:
     """`keyrank prepare` of the written checkpoint: the ONNX parity check must pass (else this raises)."""
-    from keyrank.export import prepare
+    from keyrank.prepare.export import prepare
 
     started = time.perf_counter()
     if result.model_dir is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from keyrank.onnx_export import final_linear, wrapper_classes
+from keyrank.prepare.cross_encoder import final_linear, wrapper_classes
 from keyrank.scoring import ModelInputs
 from keyrank.template import DECODER_TYPES, InputTemplate
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from keyrank.errors import KeyrankError
-from keyrank.triton_repository import INPUTS as CE_INPUTS
-from keyrank.triton_repository import MODEL_NAME
+from keyrank.modelserver.repository import INPUTS as CE_INPUTS
+from keyrank.modelserver.repository import MODEL_NAME
 
 _OPSET = 17
 
@@ -30,7 +30,7 @@ _PASSAGE = (
     "a region in France. They were descended from Norse raiders and pirates from Denmark, Iceland "
     "and Norway who, under their leader Rollo, agreed to swear fealty to King Charles III of West Francia. "
 )
-_CHECK_PAIRS = (
+CHECK_PAIRS = (
     ("what is a cat", "a cat is an animal"),
     ("how do cats purr", "Cats purr by vibrating the muscles of the larynx while breathing in and out."),
     ("who was rollo", _PASSAGE),
@@ -69,19 +69,19 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
     check_family(config)  # an unsupported family fails here, before any weights are read
     decoder = config.model_type in DECODER_TYPES
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    hf_model = _load(AutoModelForCausalLM if decoder else AutoModelForSequenceClassification, checkpoint)
+    hf_model = load_checkpoint(AutoModelForCausalLM if decoder else AutoModelForSequenceClassification, checkpoint)
     max_length = _max_length(tokenizer, hf_model.config)
     template = derive_template(
         tokenizer, config, uses_token_types=not decoder and _uses_segments(hf_model), max_length=max_length,
         instruction=instruction or DEFAULT_INSTRUCTION,
     )
-    _save_tokenizer(tokenizer.backend_tokenizer, gateway / "tokenizer.json", truncate_at=None)
+    save_tokenizer(tokenizer.backend_tokenizer, gateway / "tokenizer.json", truncate_at=None)
     text_tokenizer = _serving_tokenizer(gateway / "tokenizer.json", template)
     if not decoder:
         _check_pair_encoding(tokenizer, text_tokenizer, template)
-    batch = _template_batch(text_tokenizer, template, _CHECK_PAIRS)
+    batch = _template_batch(text_tokenizer, template, CHECK_PAIRS)
     # Traced on a smaller batch than it is checked on: a shape frozen into the graph then fails the check.
-    dummy = _template_batch(text_tokenizer, template, _CHECK_PAIRS[:2])
+    dummy = _template_batch(text_tokenizer, template, CHECK_PAIRS[:2])
     if decoder:
         wrapper = wrapper_classes()[2](hf_model, *template.yes_no).eval()
         head_name = "lm_head[yes] - lm_head[no]"
@@ -99,14 +99,14 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
             ref_logits = _decoder_reference(hf_model, batch, *template.yes_no)
     tmp = onnx_path.with_suffix(".onnx.tmp")
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    _torch_export(wrapper, dummy, tmp, CE_INPUTS, ("logits", "pooled"))
+    torch_export(wrapper, dummy, tmp, CE_INPUTS, ("logits", "pooled"))
     _ensure_inputs(tmp, CE_INPUTS)
 
-    logits, pooled = _run_onnx(tmp, batch, ("logits", "pooled"))
-    diff = _check("cross-encoder logits", ref_logits, logits, atol)
-    diff_pooled = _check("cross-encoder pooled", ref_pooled, pooled, atol)
+    logits, pooled = run_onnx(tmp, batch, ("logits", "pooled"))
+    diff = check_close("cross-encoder logits", ref_logits, logits, atol)
+    diff_pooled = check_close("cross-encoder pooled", ref_pooled, pooled, atol)
     # The gateway applies the head to aggregated pooled vectors (PARADE): it must be the head ONNX used.
-    _check("classifier head on pooled", logits, pooled @ weight.T + bias, atol)
+    check_close("classifier head on pooled", logits, pooled @ weight.T + bias, atol)
 
     os.replace(tmp, onnx_path)
     np.savez(gateway / "classifier_head.npz", weight=weight, bias=bias)
@@ -154,7 +154,7 @@ def _template_batch(text_tokenizer, template, pairs, query_max_tokens: int = 32)
 
 def _check_pair_encoding(tokenizer, text_tokenizer, template) -> None:
     """The template must frame short pairs exactly as the model's own tokenizer does."""
-    for query, doc in _CHECK_PAIRS[:3]:
+    for query, doc in CHECK_PAIRS[:3]:
         own = tokenizer(query, doc)
         q = text_tokenizer.encode_query(query, 10_000)
         (d,) = text_tokenizer.encode_documents([doc])
@@ -244,7 +244,7 @@ def _uses_segments(model) -> bool:
     return accepts and getattr(model.config, "type_vocab_size", 2) > 1
 
 
-def _load(auto_class, checkpoint: Path):
+def load_checkpoint(auto_class, checkpoint: Path):
     import torch
 
     try:  # eager attention traces to plain ops every ONNX runtime knows
@@ -283,7 +283,7 @@ def final_linear(model, batch):
     raise KeyrankError(f"{type(model).__name__}: no nn.Linear produces the logits; cannot expose the pooled vector")
 
 
-def _torch_export(module, batch, path: Path, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+def torch_export(module, batch, path: Path, inputs: Sequence[str], outputs: Sequence[str]) -> None:
     import torch
 
     axes = {name: {0: "batch", 1: "sequence"} for name in inputs} | {name: {0: "batch"} for name in outputs}
@@ -312,7 +312,7 @@ def _ensure_inputs(path: Path, names: Sequence[str]) -> None:
         onnx.save(graph_model, str(path))
 
 
-def _run_onnx(path: Path, batch, outputs: Sequence[str]) -> list[np.ndarray]:
+def run_onnx(path: Path, batch, outputs: Sequence[str]) -> list[np.ndarray]:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -321,7 +321,7 @@ def _run_onnx(path: Path, batch, outputs: Sequence[str]) -> list[np.ndarray]:
     return session.run(list(outputs), feeds)
 
 
-def _check(what: str, reference: np.ndarray, exported: np.ndarray, atol: float) -> float:
+def check_close(what: str, reference: np.ndarray, exported: np.ndarray, atol: float) -> float:
     """Max abs difference; above ``atol`` the export is refused."""
     diff = float(np.max(np.abs(np.asarray(reference, np.float64) - np.asarray(exported, np.float64))))
     if not diff <= atol:  # NaN fails too
@@ -329,7 +329,7 @@ def _check(what: str, reference: np.ndarray, exported: np.ndarray, atol: float) 
     return diff
 
 
-def _save_tokenizer(backend, path: Path, truncate_at: int | None) -> None:
+def save_tokenizer(backend, path: Path, truncate_at: int | None) -> None:
     """tokenizers' JSON; padding is the caller's business (length buckets), truncation only for the bi-encoder."""
     from tokenizers import Tokenizer
 

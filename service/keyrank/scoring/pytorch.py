@@ -16,7 +16,7 @@ from pathlib import Path
 
 from keyrank.errors import ScoringUnavailable
 from keyrank.scoring import ModelInputs, Scores, bucket_batches, gather, relevance
-from keyrank.triton_embedded.torch_encoder import TorchCrossEncoder
+from keyrank.modelserver.python_models.torch_encoder import TorchCrossEncoder
 
 
 class TorchScorer:

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 
 from keyrank.errors import KeyrankError
-from keyrank.onnx_export import (
-    _CHECK_PAIRS,
-    _check,
-    _load,
-    _run_onnx,
-    _save_tokenizer,
-    _torch_export,
+from keyrank.prepare.cross_encoder import (
+    CHECK_PAIRS,
+    check_close,
+    load_checkpoint,
+    run_onnx,
+    save_tokenizer,
+    torch_export,
     wrapper_classes,
 )
-from keyrank.triton_repository import INPUTS as CE_INPUTS
+from keyrank.modelserver.repository import INPUTS as CE_INPUTS
 
 
 def export_bi_encoder(checkpoint: Path, out_dir: Path, atol: float) -> dict:
@@ -42,18 +42,18 @@ def export_bi_encoder(checkpoint: Path, out_dir: Path, atol: float) -> dict:
         backend = Tokenizer.from_file(str(checkpoint / "tokenizer.json"))
     else:  # slow-tokenizer checkpoints (vocab.txt only): transformers converts them
         backend = AutoTokenizer.from_pretrained(checkpoint).backend_tokenizer
-    _save_tokenizer(backend, out_dir / "tokenizer.json", max_length)
+    save_tokenizer(backend, out_dir / "tokenizer.json", max_length)
     tokenizer = Tokenizer.from_file(str(out_dir / "tokenizer.json"))
-    texts = [q for q, _ in _CHECK_PAIRS] + [p for _, p in _CHECK_PAIRS]
+    texts = [q for q, _ in CHECK_PAIRS] + [p for _, p in CHECK_PAIRS]
     # Padded exactly as the dense selector pads, so the check covers its inputs too.
     batch = [torch.from_numpy(a) for a in pad_batch(tokenizer.encode_batch(texts))]
     dummy = [torch.from_numpy(a) for a in pad_batch(tokenizer.encode_batch(texts[:2]))]
 
-    wrapper = wrapper_classes()[1](_load(AutoModel, checkpoint)).eval()
+    wrapper = wrapper_classes()[1](load_checkpoint(AutoModel, checkpoint)).eval()
     tmp = out_dir / "model.onnx.tmp"
-    _torch_export(wrapper, dummy, tmp, CE_INPUTS, ("embedding",))
-    (embedding,) = _run_onnx(tmp, batch, ("embedding",))
-    diff = _check("bi-encoder embedding", _reference_embeddings(checkpoint, texts, wrapper, batch), embedding, atol)
+    torch_export(wrapper, dummy, tmp, CE_INPUTS, ("embedding",))
+    (embedding,) = run_onnx(tmp, batch, ("embedding",))
+    diff = check_close("bi-encoder embedding", _reference_embeddings(checkpoint, texts, wrapper, batch), embedding, atol)
     os.replace(tmp, out_dir / "model.onnx")
     return {
         "dim": int(embedding.shape[1]),

@@ -20,9 +20,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from keyrank.supervision import HangClock, TritonAdmin
+from keyrank.modelserver.supervision import HangClock, TritonAdmin
 
-log = logging.getLogger("keyrank.guard")
+log = logging.getLogger("keyrank.modelserver.guard")
 
 
 class ModelPathCheck(threading.Thread):

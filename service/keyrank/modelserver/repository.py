@@ -68,7 +68,7 @@ def triton_config(
             "optimization { execution_accelerators {\n  gpu_execution_accelerator : [ {\n"
             f'      name : "tensorrt"\n{body}\n  }} ]\n}}}}'
         )
-    if not gpu:  # read by triton_embedded/model.py; 0 = the CPUs divided among the instances
+    if not gpu:  # read by modelserver/python_models/model.py; 0 = the CPUs divided among the instances
         lines.append('parameters { key: "intra_op_thread_count" value: { string_value: "0" } }')
     return "\n".join(lines) + "\n"
 
@@ -82,7 +82,7 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
     embedded = out / "triton-embedded" / MODEL_NAME
     write_if_changed(embedded / "config.pbtxt", triton_config(backend="python", instances=instances, **shape))
     version = embedded / "1"
-    write_if_changed(version / "model.py", (Path(__file__).parent / "triton_embedded" / "model.py").read_text())
+    write_if_changed(version / "model.py", (Path(__file__).parent / "python_models" / "model.py").read_text())
     source, target = production / "1" / "model.onnx", version / "model.onnx"
     if not _same_file(source, target):
         tmp = target.with_suffix(".onnx.tmp")

@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from keyrank.errors import KeyrankError, ModelAssetsMissing
-from keyrank.onnx_export import ExportMismatch, export_cross_encoder
-from keyrank.select.dense_export import export_bi_encoder
-from keyrank.triton_repository import MODEL_NAME, write_if_changed, write_repositories
+from keyrank.prepare.cross_encoder import ExportMismatch, export_cross_encoder
+from keyrank.prepare.bi_encoder import export_bi_encoder
+from keyrank.modelserver.repository import MODEL_NAME, write_if_changed, write_repositories
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
 
     write_repositories(out, ce_entry, tensorrt_fp16, max_batch_size, embedded_instances)
     if device == "cuda":  # the embedded Triton's GPU variant: PyTorch on the GPU, same tensors (gpu/repository.py)
-        from keyrank.gpu.repository import write_gpu_repository
+        from keyrank.modelserver.gpu import write_gpu_repository
 
         write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
     manifest = {"cross_encoder": ce_entry, "bi_encoder": bi_entry}

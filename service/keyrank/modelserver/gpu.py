@@ -1,7 +1,7 @@
 """Write ``triton-embedded-cuda/``: the embedded repository's GPU variant.
 
     out/triton-embedded-cuda/cross_encoder/config.pbtxt     python backend, device/dtype parameters
-    out/triton-embedded-cuda/cross_encoder/1/model.py       triton_embedded/model_torch.py
+    out/triton-embedded-cuda/cross_encoder/1/model.py       modelserver/python_models/model_torch.py
     out/triton-embedded-cuda/cross_encoder/1/torch_encoder.py
     out/triton-embedded-cuda/cross_encoder/1/encoder.json   head, token types, yes/no ids (from the manifest)
     out/triton-embedded-cuda/cross_encoder/1/checkpoint/    the Hugging Face weights in the serving dtype
@@ -15,7 +15,7 @@ a GPU. The hook in ``keyrank prepare --device cuda`` is one call after
 
     if device == "cuda": write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
 
-and ``python -m keyrank.gpu.repository --out models --model <checkpoint>`` does the
+and ``python -m keyrank.modelserver.gpu --out models --model <checkpoint>`` does the
 same for an already prepared directory.
 """
 
@@ -26,7 +26,7 @@ import json
 import shutil
 from pathlib import Path
 
-from keyrank.triton_repository import INPUTS, MODEL_NAME, write_if_changed
+from keyrank.modelserver.repository import INPUTS, MODEL_NAME, write_if_changed
 
 REPOSITORY = "triton-embedded-cuda"
 """Folder of the GPU variant inside the prepared model directory."""
@@ -74,7 +74,7 @@ def write_gpu_repository(out: Path, ce: dict, checkpoint: Path, *, max_batch_siz
         hidden_size=ce["hidden_size"], num_labels=ce["num_labels"], max_batch_size=max_batch_size,
         max_length=ce["max_length"], device=device, dtype=dtype, cuda_graphs=cuda_graphs, instances=instances,
     ))
-    code = Path(__file__).resolve().parent.parent / "triton_embedded"
+    code = Path(__file__).resolve().parent / "python_models"
     write_if_changed(version / "model.py", (code / "model_torch.py").read_text())
     write_if_changed(version / "torch_encoder.py", (code / "torch_encoder.py").read_text())
     template = ce.get("template", {})
@@ -111,7 +111,7 @@ def _save_checkpoint(source: Path, target: Path, dtype: str, *, decoder: bool) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keyrank.gpu.repository", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keyrank.modelserver.gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("models"), help="a directory `keyrank prepare` wrote")
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint folder it was prepared from")
     parser.add_argument("--device", default="cuda")

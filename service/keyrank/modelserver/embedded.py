@@ -32,8 +32,8 @@ from pathlib import Path
 
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
-from keyrank.supervision import Supervisor, TritonAdmin
-from keyrank.triton_setup import (
+from keyrank.modelserver.supervision import Supervisor, TritonAdmin
+from keyrank.modelserver.arguments import (
     PORT_SETTINGS,
     EmbeddedTritonError,
     PytritonWheel,

@@ -1,7 +1,7 @@
 """The gateway scoring with ``TorchScorer`` in its own process (no Triton): for a GPU machine
 without the nvidia-pytriton wheel, and for the benchmark.
 
-    python -m keyrank.gpu.gateway --model-dir models --port 8080 --device cuda
+    python -m keyrank.modelserver.gpu_gateway --model-dir models --port 8080 --device cuda
 
 One uvicorn process (the model lives in it); every other setting is the usual KEYRANK_*.
 """
@@ -15,13 +15,13 @@ from pathlib import Path
 import uvicorn
 
 from keyrank.config import get_settings
-from keyrank.gpu.repository import REPOSITORY
-from keyrank.triton_repository import MODEL_NAME
+from keyrank.modelserver.gpu import REPOSITORY
+from keyrank.modelserver.repository import MODEL_NAME
 
 
 def build_app(model_dir: Path, device: str, dtype: str, cuda_graphs: bool):
     from keyrank.api import create_app
-    from keyrank.gpu.scorer import TorchScorer
+    from keyrank.scoring.pytorch import TorchScorer
     from keyrank.pipeline import load_template
     from keyrank.reranker import Reranker
 
@@ -37,7 +37,7 @@ def build_app(model_dir: Path, device: str, dtype: str, cuda_graphs: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keyrank.gpu.gateway", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keyrank.modelserver.gpu_gateway", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)

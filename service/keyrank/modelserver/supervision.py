@@ -30,16 +30,37 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from keyrank.triton_server import EmbeddedTriton
-
-log = logging.getLogger("keyrank.supervision")
+log = logging.getLogger("keyrank.modelserver.supervision")
 
 STUB_NAME = "triton_python_backend_stub"
 """Executable of the Python backend's model process (``/proc/<pid>/comm`` holds its first 15 bytes)."""
 _PROBE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class SupervisedServer(Protocol):
+    """What supervision needs of a Triton it watches (``embedded.EmbeddedTriton`` is one): named here so
+    this module does not import the one that imports it."""
+
+    model: str
+    server_id: str
+    lifecycle: Any
+    """Lock held while the process is (re)started or stopped."""
+
+    @property
+    def wanted(self) -> bool: ...
+    @property
+    def serving(self) -> bool: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def returncode(self) -> int | None: ...
+    @property
+    def admin(self) -> TritonAdmin: ...
+    def reload_model(self) -> None: ...
+    def restart_locked(self) -> None: ...
+    def log_tail(self) -> str: ...
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -61,18 +82,52 @@ def process_alive(pid: int) -> bool:
 
 def python_stubs(server_pid: int) -> set[int]:
     """Pids of the Python backend stubs that ``server_pid`` spawned, dead ones not yet reaped included."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = _stat(int(entry.name))
-        if fields is None or int(fields[1]) != server_pid:
-            continue
+    return set(model_stubs(server_pid))
+
+
+class Stub(NamedTuple):
+    """One Python backend stub as /proc shows it."""
+
+    state: str
+    """Process state: R/S/D running or sleeping, T/t stopped, Z/X dead."""
+    started: int
+    """Start time in clock ticks since boot: a stub started later for the same instance replaced it."""
+    instance: tuple[str, ...]
+    """The model file and the instance name it runs (from its command line)."""
+
+
+def model_stubs(server_pid: int, model: str | None = None) -> dict[int, Stub]:
+    """The stubs that ``server_pid`` spawned (of ``model`` only, if given), zombies included."""
+    found = {}
+    for pid in _children(server_pid):
+        fields = _stat(pid)
         try:
-            if STUB_NAME.startswith((entry / "comm").read_text().strip()):
-                found.add(int(entry.name))
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
+        if fields is None or int(fields[1]) != server_pid or not STUB_NAME.startswith(comm):
+            continue
+        # argv: stub, <repository>/<model>/<version>/model.py, shm region, ..., instance name (9th).
+        if model is not None and (len(args) < 2 or Path(args[1]).parent.parent.name != model):
+            continue
+        found[pid] = Stub(fields[0], int(fields[19]), tuple(args[1:2] + args[8:9]))
+    return found
+
+
+def _children(pid: int) -> set[int]:
+    """Children of ``pid``: /proc/<pid>/task/*/children where the kernel has it, else a scan of /proc."""
+    try:
+        return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()}
+    except (OSError, ValueError):
+        pass
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and int(fields[1]) == pid:
+                found.add(int(entry.name))
     return found
 
 
@@ -167,14 +222,6 @@ class TritonAdmin:
         return answer.decode(errors="replace")[:300]
 
 
-async def serves_as(client: Any, expected_id: str | None, timeout: float) -> bool:
-    """Whether the Triton behind ``client`` (``tritonclient.grpc.aio``) reports ``expected_id`` as its
-    name (its ``--id``); True when no id is expected (an external Triton)."""
-    if not expected_id:
-        return True
-    return (await client.get_server_metadata(client_timeout=timeout)).name == expected_id
-
-
 # --- the supervisor -------------------------------------------------------------------------
 
 
@@ -210,7 +257,7 @@ class HangClock:
 class _InferenceProber(threading.Thread):
     """Runs the probe inference every ``every_s`` on its own thread (a queued probe must not delay the tick)."""
 
-    def __init__(self, triton: EmbeddedTriton, every_s: float, timeout_s: float, stopping: threading.Event):
+    def __init__(self, triton: SupervisedServer, every_s: float, timeout_s: float, stopping: threading.Event):
         super().__init__(name="keyrank-triton-prober", daemon=True)
         self.triton = triton
         self.every_s = every_s
@@ -246,7 +293,7 @@ class Supervisor(threading.Thread):
 
     def __init__(
         self,
-        triton: EmbeddedTriton,
+        triton: SupervisedServer,
         *,
         max_repairs: int = 5,
         backoff_s: float = 1.0,

@@ -1,0 +1,18 @@
+"""The model server: the Triton process keyrank runs, watches and repairs.
+
+Nothing on the request path imports this package except to start or reach it
+(``Reranker.embedded``, ``keyrank serve``). In reading order:
+
+- ``launcher``: ``keyrank serve``: the embedded Triton, then the gateway's workers.
+- ``embedded``: ``EmbeddedTriton``: the ``tritonserver`` of the nvidia-pytriton
+  wheel: spawn, readiness, restart, stop, log tail.
+- ``arguments``: its command line, ports, work dir and environment.
+- ``supervision``: health checks of the model process and its repairs.
+- ``guard``: the sidecar that answers for the model path next to an external Triton.
+- ``repository``: writes the Triton repositories (``triton/`` for the onnxruntime
+  backend, ``triton-embedded/`` for the Python backend on CPU).
+- ``gpu``: the repository's GPU variant (PyTorch in the Python backend);
+  ``gpu_gateway``: the gateway scoring in-process on a GPU, without Triton.
+- ``python_models/``: the Python-backend models copied into a repository
+  (``model.py``: ONNX Runtime; ``model_torch.py`` + ``torch_encoder.py``: PyTorch).
+"""

@@ -1,0 +1,10 @@
+"""Prepare time (``keyrank prepare``): a Hugging Face checkpoint becomes what serving reads.
+
+Runs once per model, never on the request path, and needs the ``export`` extra
+(PyTorch, transformers). In reading order:
+
+- ``export``: the command: lock, fingerprints, the manifest, the repositories.
+- ``cross_encoder``: the reranker to ONNX (``logits`` + ``pooled``), its template
+  derived from the tokenizer, and the ONNX-vs-PyTorch parity check.
+- ``bi_encoder``: all-MiniLM-L6-v2 to ONNX for the dense selector, with its check.
+"""
