@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
 from keyrank.select import SELECTORS
 from keyrank.strategies import STRATEGIES
 
@@ -64,9 +65,9 @@ class Settings(BaseSettings):
     document_cache_bytes: int = Field(256 * 2**20, ge=0, description="Bytes of tokens, blocks and BM25 terms kept per gateway process for documents seen before (by content hash, LRU); 0 = off. About 30 bytes per document token.")
 
     # --- Triton client -------------------------------------------------------
-    length_buckets: list[int] = Field([64, 128, 256, 384, 512], description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")
+    length_buckets: list[int] = Field(list(LENGTH_BUCKETS), description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")
     length_bucket_shapes: int = Field(4, ge=0, description="Per request, pad to at most this many widths chosen from its own lengths (multiples of length_bucket_multiple, never more padding than length_buckets); 0 = length_buckets as they are.")
-    length_bucket_multiple: int = Field(32, ge=1, description="Chosen widths are multiples of this, so requests share shapes (Triton's batcher merges equal shapes).")
+    length_bucket_multiple: int = Field(LENGTH_MULTIPLE, ge=1, description="Chosen widths are multiples of this, so requests share shapes (Triton's batcher merges equal shapes).")
     triton_batch_size: int = Field(32, description="Sequences per Triton request.")
     triton_max_in_flight: int = Field(8, description="Concurrent Triton requests per gateway process.")
 
@@ -74,6 +75,7 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(30.0, description="Deadline for one /rerank; past it the answer is 503.")
     triton_connect_timeout_s: float = Field(1.0, description="Health/readiness probe timeout towards Triton.")
     retry_after_s: int = Field(1, description="Retry-After header on 503.")
+    shutdown_grace_s: float = Field(10.0, gt=0, description="On SIGTERM, seconds in-flight requests may still finish; those running past it get 503 + Retry-After (keyrank serve). Kubernetes' terminationGracePeriodSeconds must exceed it (the chart checks).")
 
     # --- admission control (admission.py: 429 before any tokenizing) ----------
     max_queued_sequences: int | None = Field(None, ge=1, description="Most admitted, unfinished work in estimated cross-encoder sequences; beyond it 429 + Retry-After. Unset = sized from capacity: the measured drain rate times half the request deadline.")

@@ -34,7 +34,7 @@ import numpy as np
 
 from keyrank import metrics
 from keyrank.segment import Spans
-from keyrank.select.bm25 import BlockTerms
+from keyrank.select.bm25 import BlockTerms, document_terms
 from keyrank.tokenize import Encoded, TextTokenizer
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class CachedDocument:
     """int32 [n, 2] character span of each token."""
     blocks: dict[int, Spans] = field(default_factory=dict)
     """CogLTX blocks, by the number of tokens read (a cut changes the DP)."""
-    terms: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    terms: dict[int, BlockTerms] = field(default_factory=dict)
     """BM25 terms of those blocks, by tokens read: (term ids [T], local block of each [T], terms per block [k])."""
     nbytes: int = 0
     """What this entry is charged against the bound."""
@@ -160,21 +160,21 @@ class DocumentCache:
             ours = entry is not None and entry.blocks.get(len(d)) is spans
             part = entry.terms.get(len(d)) if ours else None
             if part is None:
-                part = _doc_terms(d.ids, spans, is_term)
+                part = document_terms(d.ids, spans.starts, spans.ends, is_term)
                 if ours:
                     with self._lock:
-                        _freeze(*part)
+                        _freeze(part.terms, part.block_of, part.lengths)
                         entry.terms[len(d)] = part
-                        self._charge(entry, sum(a.nbytes for a in part))
+                        self._charge(entry, part.terms.nbytes + part.block_of.nbytes + part.lengths.nbytes)
             parts.append(part)
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return BlockTerms(empty, empty, empty)
-        offsets = np.cumsum([0] + [p[2].shape[0] for p in parts[:-1]])
+        offsets = np.cumsum([0] + [p.lengths.shape[0] for p in parts[:-1]])
         return BlockTerms(
-            terms=np.concatenate([p[0] for p in parts]),
-            block_of=np.concatenate([p[1] + off for p, off in zip(parts, offsets)]),
-            lengths=np.concatenate([p[2] for p in parts]),
+            terms=np.concatenate([p.terms for p in parts]),
+            block_of=np.concatenate([p.block_of + off for p, off in zip(parts, offsets)]),
+            lengths=np.concatenate([p.lengths for p in parts]),
         )
 
     # --- bookkeeping (under the lock) ----------------------------------------------------------
@@ -240,19 +240,3 @@ def _cut(ids: np.ndarray, offsets: np.ndarray, text: str, max_tokens: int | None
     if max_tokens is not None and ids.shape[0] > max_tokens:
         return Encoded(ids=ids[:max_tokens], offsets=offsets[:max_tokens], text=text, truncated=True)
     return Encoded(ids=ids, offsets=offsets, text=text)
-
-
-def _doc_terms(ids: np.ndarray, spans: Spans, is_term: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One document's BM25 terms: the term ids of its blocks in order, the block of each, terms per block."""
-    if len(spans) == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty
-    lengths = spans.lengths
-    block_of = np.repeat(np.arange(len(spans), dtype=np.int64), lengths)
-    if np.array_equal(spans.starts[1:], spans.ends[:-1]):  # CogLTX blocks tile the document: one slice
-        covered = ids[spans.starts[0] : spans.ends[-1]]
-    else:
-        covered = np.concatenate([ids[a:b] for a, b in zip(spans.starts, spans.ends)])
-    keep = is_term[covered]
-    block_of = block_of[keep]
-    return covered[keep], block_of, np.bincount(block_of, minlength=len(spans)).astype(np.int64)

@@ -26,11 +26,10 @@ import json
 import shutil
 from pathlib import Path
 
-from keyrank.modelserver.repository import INPUTS, MODEL_NAME, write_if_changed
+from keyrank.modelserver.repository import INPUTS, MODEL_NAME, warmup_lengths, write_if_changed
 
 REPOSITORY = "triton-embedded-cuda"
 """Folder of the GPU variant inside the prepared model directory."""
-WARMUP_LENGTHS = (64, 128, 256, 384, 512)
 
 
 def gpu_config(*, hidden_size: int, num_labels: int, max_batch_size: int, max_length: int, device: str, dtype: str,
@@ -42,7 +41,7 @@ def gpu_config(*, hidden_size: int, num_labels: int, max_batch_size: int, max_le
     # Every width is run once at load (zero tensors: the outputs are thrown away), so no request pays
     # for cuBLAS/SDPA kernel selection on a first shape.
     warmup = []
-    for length in (n for n in WARMUP_LENGTHS if n <= max_length):
+    for length in warmup_lengths(max_length):
         tensors = " ".join(f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in INPUTS)
         warmup.append(f'  {{ name: "warmup_{length}" batch_size: 1 {tensors} }}')
     params = {"device": device, "dtype": dtype, "cuda_graphs": "true" if cuda_graphs else "false"}

@@ -17,13 +17,22 @@ MODEL_NAME = "cross_encoder"
 """Name of the cross-encoder in both repositories."""
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """Input names, INT64 [N, L]; every exported model takes all three."""
-WARMUP_LENGTHS = (64, 128, 256, 384, 512)
-"""The gateway's default length buckets: each is run once at load, so no user request pays a first-shape cost."""
+
+
+def warmup_lengths(max_length: int) -> tuple[int, ...]:
+    """Every width the gateway can send (its length buckets and, when widths are chosen per request, every
+    multiple of KEYRANK_LENGTH_BUCKET_MULTIPLE): each is run once at load, so no request pays a first-shape
+    cost. Read from the same settings as the gateway's, at prepare time."""
+    from keyrank.config import get_settings
+    from keyrank.scoring.buckets import possible_widths
+
+    s = get_settings()
+    return possible_widths(s.length_buckets, max_shapes=s.length_bucket_shapes, multiple=s.length_bucket_multiple, max_length=max_length)
 
 
 def _warmup(max_length: int) -> str:
     entries = []
-    for length in (n for n in WARMUP_LENGTHS if n <= max_length):
+    for length in warmup_lengths(max_length):
         tensors = " ".join(
             f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in INPUTS
         )

@@ -18,6 +18,22 @@ from collections.abc import Sequence
 
 import numpy as np
 
+LENGTH_BUCKETS = (64, 128, 256, 384, 512)
+"""The fixed widths (KEYRANK_LENGTH_BUCKETS' default): the one place this list is written."""
+LENGTH_MULTIPLE = 32
+"""Per-request widths are multiples of this (KEYRANK_LENGTH_BUCKET_MULTIPLE's default)."""
+
+
+def possible_widths(buckets: Sequence[int], *, max_shapes: int, multiple: int, max_length: int) -> tuple[int, ...]:
+    """Every width a sequence can travel at: the fixed buckets, plus, when widths are chosen per request
+    (``max_shapes`` > 0), every multiple of ``multiple`` up to ``max_length``. Triton's warm-up runs each once,
+    so no request pays a first-shape cost (repository writers)."""
+    widths = {b for b in buckets if b <= max_length}
+    if max_shapes > 0:
+        widths.update(range(multiple, max_length + 1, multiple))
+        widths.add(max_length)
+    return tuple(sorted(widths))
+
 
 def padded_tokens(lengths: np.ndarray, edges: np.ndarray) -> int:
     """Tokens sent when each sequence is padded to the smallest edge that fits (padding included)."""

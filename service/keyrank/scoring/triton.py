@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from keyrank import metrics
 from keyrank.errors import ScoringUnavailable
+from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
 from keyrank.scoring import (
     Batch,
     ModelInputs,
@@ -87,13 +88,13 @@ class TritonScorer:
         *,
         model: str,
         pad_id: int,
-        buckets: Sequence[int] = (64, 128, 256, 384, 512),
+        buckets: Sequence[int] = LENGTH_BUCKETS,
         batch_size: int = 32,
         max_in_flight: int = 8,
         probe_timeout_s: float = 1.0,
         server_id: str | None = None,
         max_shapes: int = 0,
-        multiple: int = 32,
+        multiple: int = LENGTH_MULTIPLE,
     ) -> None:
         self.url: str = url
         """host:port of Triton's gRPC endpoint."""

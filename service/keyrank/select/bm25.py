@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import numpy as np
 
 from keyrank.tokenize import TextTokenizer
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from keyrank.pipeline import Pipeline
@@ -50,15 +49,29 @@ def term_mask(tokenizer: TextTokenizer) -> np.ndarray:
     return mask
 
 
+def document_terms(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, is_term: np.ndarray) -> BlockTerms:
+    """The BM25 terms of one document's blocks ``ids[starts[i]:ends[i]]``: the one place terms are extracted
+    (the document cache keeps what this returns)."""
+    if len(starts) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return BlockTerms(empty, empty, empty)
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    block_of = np.repeat(np.arange(len(starts), dtype=np.int64), ends - starts)
+    if np.array_equal(starts[1:], ends[:-1]):  # CogLTX blocks tile the document: one slice
+        covered = ids[starts[0] : ends[-1]]
+    else:
+        covered = np.concatenate([ids[a:b] for a, b in zip(starts, ends)])
+    keep = is_term[covered]
+    block_of = block_of[keep]
+    return BlockTerms(terms=covered[keep], block_of=block_of, lengths=np.bincount(block_of, minlength=len(starts)).astype(np.int64))
+
+
 def block_terms(token_ids: Sequence[np.ndarray], is_term: np.ndarray) -> BlockTerms:
     """Flatten blocks (each an array of token ids) into terms with their block index."""
-    lengths_all = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
+    lengths = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
+    ends = np.cumsum(lengths)
     ids = np.concatenate(token_ids) if token_ids else np.zeros(0, dtype=np.int64)
-    block_of = np.repeat(np.arange(len(token_ids), dtype=np.int64), lengths_all)
-    keep = is_term[ids]
-    terms, block_of = ids[keep], block_of[keep]
-    lengths = np.bincount(block_of, minlength=len(token_ids)).astype(np.int64)
-    return BlockTerms(terms=terms, block_of=block_of, lengths=lengths)
+    return document_terms(ids.astype(np.int64, copy=False), ends - lengths, ends, is_term)
 
 
 def smoothed_idf(df: np.ndarray, n_blocks: int) -> np.ndarray:
