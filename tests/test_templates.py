@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from keyrank.config import Settings
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.reranker import Reranker
-from keyrank.template import DEFAULT_INSTRUCTION, QWEN3_RERANKER_PROMPT, UnsupportedModel
+from keyrank.prepare.template import DEFAULT_INSTRUCTION, QWEN3_RERANKER_PROMPT, UnsupportedModel
 
 PAIRS = [
     ("what is a cat", "a cat is an animal that purrs"),

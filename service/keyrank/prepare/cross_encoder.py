@@ -57,7 +57,7 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
         AutoTokenizer,
     )
 
-    from keyrank.template import (
+    from keyrank.prepare.template import (
         DECODER_TYPES,
         DEFAULT_INSTRUCTION,
         check_family,
@@ -236,8 +236,10 @@ def wrapper_classes():
 
 
 def _uses_segments(model) -> bool:
-    """DistilBERT has no segment ids and RoBERTa/XLM-R only type 0, while the gateway sends BERT-style
-    0/1 ids to every model: those models must ignore them (an id of 1 would index past their table)."""
+    """Whether the model learned segment ids. DistilBERT has none and RoBERTa/XLM-R only type 0: their
+    template (``uses_token_types`` False) sends all zeros, and the export does not pass the input to their
+    forward at all, so an id past their table can never reach it. BERT-style models get the types their own
+    tokenizer writes (0 for the query, 1 for the document)."""
     import inspect
 
     accepts = "token_type_ids" in inspect.signature(model.forward).parameters

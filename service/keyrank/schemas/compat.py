@@ -54,7 +54,8 @@ class V1RerankRequest(VendorRequest):
     max_tokens_per_doc: Count | None = None
     """Read at most this many tokens of each document."""
     max_chunks_per_doc: Count | None = None
-    """Cohere v1: accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+    """Cohere v1: the most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
+    under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
     return_embeddings: bool | None = None
     """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
 
@@ -153,7 +154,8 @@ class CohereRerankRequest(VendorRequest):
     priority: Integer | None = None
     """Cohere: accepted and ignored; every admitted request is served in arrival order."""
     max_chunks_per_doc: Count | None = None
-    """Accepted and ignored; KEYRANK_MAX_WINDOWS_PER_DOC caps windows per document."""
+    """The most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
+    under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
 
     _query_not_blank = field_validator("query")(non_blank)
 
