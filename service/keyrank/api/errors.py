@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from keyrank import metrics
+from keyrank.api.body import InvalidJson
 from keyrank.errors import (
     ClientClosed,
     InvalidRequest,
@@ -39,12 +40,13 @@ CLIENT_CLOSED = 499
 
 _ERROR_TYPES = {
     400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
-    413: "body_too_large",
+    413: "body_too_large", 415: "unsupported_encoding",
 }
 _DESCRIPTIONS = {
-    400: "Body is not JSON; the message names the parse error.",
+    400: "Body is not JSON (RFC 8259: no NaN, no duplicate keys, at most 64 levels deep); the message names the parse error, line and column.",
     401: "Missing or wrong API key (only when KEYRANK_API_KEY is set); checked before the body is read.",
     413: "Body larger than KEYRANK_MAX_BODY_BYTES.",
+    415: "Body sent with a Content-Encoding (gzip, ...): send it uncompressed.",
     422: "Invalid field or a configured limit exceeded; the message names it.",
     429: "At capacity (KEYRANK_MAX_QUEUED_SEQUENCES); retry after Retry-After seconds.",
     503: "Scoring unavailable (Triton down, not ready or past the deadline); retry after Retry-After seconds.",
@@ -152,6 +154,11 @@ async def _validation_failed(request: Request, exc: RequestValidationError) -> J
     return error_response(request, 422, "invalid_request", summary, field=deepest[0], details=details)
 
 
+async def _invalid_json(request: Request, exc: InvalidJson) -> JSONResponse:
+    record(request, "invalid")
+    return error_response(request, 400, "invalid_json", f"body is not valid JSON: {exc}", field="body")
+
+
 async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
     record(request, "invalid")
     kind = "limit_exceeded" if isinstance(exc, LimitExceeded) else "invalid_request"
@@ -194,6 +201,7 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Every exception the routes raise becomes one answer and one count."""
     app.add_exception_handler(RequestValidationError, _validation_failed)
+    app.add_exception_handler(InvalidJson, _invalid_json)
     app.add_exception_handler(InvalidRequest, _invalid_request)
     app.add_exception_handler(Overloaded, _overloaded)
     app.add_exception_handler(ScoringUnavailable, _unavailable)

@@ -71,7 +71,7 @@ class ApiKeyGate:
 
 
 class BodyLimit:
-    """413 for bodies over ``max_body_bytes``, 408 for bodies not in within ``read_timeout_s``: before
+    """415 for compressed bodies, 413 for bodies over ``max_body_bytes``, 408 for bodies not in within ``read_timeout_s``: before
     FastAPI parses (or even buffers) them, so neither a huge nor a trickling body holds the gateway."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, read_timeout_s: float):
@@ -85,7 +85,16 @@ class BodyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Decompressing would make the size limit a limit on the compressed size (a zip bomb's).
+            request = Request(scope)
+            record(request, "invalid")
+            message = f"Content-Encoding {encoding[:40]!r} is not accepted: send the body uncompressed"
+            response = error_response(request, 415, "unsupported_encoding", message, field="body")
+            return await response(scope, receive, send)
+        declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             request = Request(scope)
             record(request, "invalid")

@@ -23,6 +23,7 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from keyrank.api.body import StrictJsonRoute
 from keyrank.api.errors import V1_ERRORS, V2_ERRORS
 from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, sigmoid, timing_header
@@ -39,13 +40,16 @@ from keyrank.schemas import (
 if TYPE_CHECKING:
     from keyrank.reranker import Ranking
 
-router = APIRouter(tags=["drop-in (Jina, Cohere)"])
+router = APIRouter(tags=["drop-in (Jina, Cohere)"], route_class=StrictJsonRoute)
 
 IGNORED_HEADER = "X-Keyrank-Ignored-Fields"
 _IGNORED = frozenset({"return_embeddings", "priority"})
 """Vendor fields accepted for compatibility that change nothing here."""
 _MAX_NAMED = 32
 """At most this many ignored fields are named in the header (it must stay a header)."""
+_MAX_NAME_CHARS = 64
+"""Each name is cut to this many header characters (percent-encoded), ending in "...": 32 names of
+20k characters made a 640 KB header that httpx and curl refuse to read."""
 
 
 @router.post(
@@ -129,11 +133,26 @@ def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str, stra
     return names
 
 
+def _header_name(name: str) -> str:
+    """``name`` percent-encoded, cut to _MAX_NAME_CHARS at a character boundary, with "..." when cut."""
+    encoded = quote(name[: _MAX_NAME_CHARS + 1], safe="_-.")
+    if len(encoded) <= _MAX_NAME_CHARS:
+        return encoded
+    kept = ""
+    for char in name:
+        piece = quote(char, safe="_-.")
+        if len(kept) + len(piece) > _MAX_NAME_CHARS - 3:
+            break
+        kept += piece
+    return kept + "..."
+
+
 def _headers(ranking: Ranking, body: V1RerankRequest | CohereRerankRequest, model: str) -> dict[str, str]:
     headers = timing_header(ranking)
     ignored = ignored_fields(body, model, ranking.strategy)
     if ignored:
         # Unknown field names are the caller's text: percent-encoded so they stay one header line.
-        named = [quote(name, safe="_-.") for name in ignored[:_MAX_NAMED]]
-        headers[IGNORED_HEADER] = ", ".join(named + (["..."] if len(ignored) > _MAX_NAMED else []))
+        named = [_header_name(name) for name in ignored[:_MAX_NAMED]]
+        more = [f"... ({len(ignored) - _MAX_NAMED} more)"] if len(ignored) > _MAX_NAMED else []
+        headers[IGNORED_HEADER] = ", ".join(named + more)
     return headers

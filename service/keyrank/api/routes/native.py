@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from keyrank.api.body import StrictJsonRoute
 from keyrank.api.errors import NATIVE_ERRORS
 from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, timing_header
@@ -25,7 +26,7 @@ from keyrank.schemas import (
 if TYPE_CHECKING:
     from keyrank.reranker import RankedDocument
 
-router = APIRouter(tags=["rerank"])
+router = APIRouter(tags=["rerank"], route_class=StrictJsonRoute)
 
 
 @router.post("/rerank", response_model=RerankResponse, responses=NATIVE_ERRORS, summary="Rank documents; keyrank's own shape.")

@@ -1,0 +1,184 @@
+"""Reading a rerank body: strict JSON, parsed once, every refusal naming what and where.
+
+Python's ``json`` takes what JSON does not (NaN, Infinity, 1e999 as inf, lone surrogates
+from ``\\ud800`` escapes, duplicate keys: the last wins) and fails without a position on
+what it cannot take (invalid UTF-8, nesting past the recursion limit, integers of more than
+4300 digits). Each of those reached a handler as "There was an error parsing the body" or
+as a 500 when an echoed document could not be written back. Here every one is a 400
+``invalid_json`` with line and column, or, for a lone surrogate, a 422 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import numpy as np
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
+
+from keyrank.errors import ClientClosed, InvalidRequest
+
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have: a rerank body needs 3; Python's parser,
+pydantic and the echo of a document recurse, and each would fail past its own limit."""
+MAX_INT_DIGITS = 4300
+"""Python's limit on int() of a string (sys.int_info.default_max_str_digits)."""
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?')  # an unterminated one runs to the end: linear, never retried
+_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins escaped pairs, so any left is lone
+
+
+class InvalidJson(Exception):
+    """The body is not JSON as RFC 8259 has it; ``str`` says why and where."""
+
+    def __init__(self, reason: str, text: str = "", position: int | None = None):
+        where = ""
+        if position is not None:
+            line = text.count("\n", 0, position) + 1
+            where = f" at line {line}, column {position - (text.rfind(chr(10), 0, position) + 1) + 1}"
+        super().__init__(f"{reason}{where}")
+
+
+class _Refused(Exception):
+    """Raised from the parser's hooks: a literal JSON forbids or we cannot hold."""
+
+    def __init__(self, reason: str, literal: str = ""):
+        self.reason, self.literal = reason, literal
+
+
+def _constant(literal: str) -> Any:
+    raise _Refused(f"{literal} is not a JSON value", literal)
+
+
+def _float(literal: str) -> float:
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise _Refused(f"number {literal[:20]} is out of range for a 64-bit float", literal)
+    return value
+
+
+def _int(literal: str) -> int:
+    if len(literal) > MAX_INT_DIGITS:
+        raise _Refused(f"integer of {len(literal)} digits (at most {MAX_INT_DIGITS})", literal)
+    return int(literal)
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))  # type: ignore[func-returns-value]
+        raise _Refused(f"duplicate key {json.dumps(duplicate)} in an object")
+    return value
+
+
+def parse_json(body: bytes) -> Any:
+    """``body`` as a JSON value, or InvalidJson (400) / InvalidRequest (422, a lone surrogate) naming the place."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        shown = body[:e.start].decode("utf-8", errors="replace")
+        raise InvalidJson(f"not UTF-8 (byte 0x{body[e.start]:02x})", shown, len(shown)) from None
+    too_deep = _too_deep(body)
+    if too_deep is not None:
+        raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects", text, len(body[:too_deep].decode()))
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int, object_pairs_hook=_object)
+    except json.JSONDecodeError as e:
+        raise InvalidJson(e.msg, text, e.pos) from None
+    except _Refused as e:
+        raise InvalidJson(e.reason, text, _position(text, e.literal)) from None
+    except RecursionError:  # unreachable after _too_deep; kept so no body can reach a 500
+        raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects") from None
+    if "\\u" in text and re.search(r"\\u[dD][89a-fA-F]", text):
+        _refuse_lone_surrogates(value, "")
+    return value
+
+
+def _too_deep(body: bytes) -> int | None:
+    """Offset of the bracket that opens level MAX_DEPTH + 1 (outside strings), or None."""
+    if body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
+        return None
+    blanked = _STRING.sub(lambda m: b" " * len(m.group()), body)  # same offsets, no brackets inside strings
+    codes = np.frombuffer(blanked, dtype=np.uint8)
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int32) - np.isin(codes, (ord("]"), ord("}")))
+    depth = np.cumsum(steps)
+    over = np.flatnonzero(depth > MAX_DEPTH)
+    return int(over[0]) if over.size else None
+
+
+def _position(text: str, literal: str) -> int | None:
+    """Offset of ``literal`` outside strings (the hooks get the literal, not where it was).
+
+    The text before it parsed, so every string there is closed and the scan stays linear."""
+    if not literal:
+        return None
+    pattern = r'"[^"\\]*(?:\\.[^"\\]*)*"|' + re.escape(literal) + r"(?![\w.])"
+    found = next((m for m in re.finditer(pattern, text) if not m.group().startswith('"')), None)
+    return found.start() if found else None
+
+
+def _refuse_lone_surrogates(value: Any, path: str) -> None:
+    """422 naming the first field whose value (or a key in it) holds a lone surrogate."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found:
+            where = path or "body"
+            raise InvalidRequest(
+                f"{where}: lone surrogate U+{ord(found.group()):04X} at character {found.start()} is not text "
+                "(a \\uD800-\\uDFFF escape must be one half of a pair)",
+                field=where,
+            )
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_lone_surrogates(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _SURROGATE.search(key)
+            if found:
+                where = path or "body"
+                raise InvalidRequest(
+                    f"{where}: a field name holds lone surrogate U+{ord(found.group()):04X} at character "
+                    f"{found.start()} (a \\uD800-\\uDFFF escape must be one half of a pair)",
+                    field=where,
+                )
+            _refuse_lone_surrogates(item, f"{path}.{key}" if path else key)
+
+
+def _is_json(request: Request) -> bool:
+    """As FastAPI decides to parse: application/json or application/*+json."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    return media.startswith("application/") and (media == "application/json" or media.endswith("+json"))
+
+
+class ParsedRequest(Request):
+    """A request whose JSON body was parsed by ``parse_json`` before FastAPI asks for it."""
+
+    parsed: Any = None
+
+    async def json(self) -> Any:
+        return self.parsed
+
+
+class StrictJsonRoute(APIRoute):
+    """The rerank routes' route class: the body is parsed by ``parse_json`` (once), before validation."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        validate_and_call = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            request = ParsedRequest(request.scope, request.receive)
+            if _is_json(request):
+                try:
+                    body = await request.body()
+                except ClientDisconnect:
+                    raise ClientClosed("client closed the request while sending it") from None
+                if body:
+                    request.parsed = parse_json(body)
+            return await validate_and_call(request)
+
+        return handler
