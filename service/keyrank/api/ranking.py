@@ -8,7 +8,9 @@ In request order:
    disconnects the task is cancelled, which stops the pipeline at its next stage boundary and
    cancels its in-flight Triton calls (the scorer cancels them in its ``finally``); the request is
    counted as ``client_closed``, never as an outage;
-4. empty and whitespace-only documents are not worth a score: they rank last (``BLANK_DOCUMENT_SCORE``);
+4. blank documents (nothing to read: empty, whitespace, zero-width, control or format characters,
+   combining marks alone) are not worth a score: they never reach the pipeline and rank last
+   (``BLANK_DOCUMENT_SCORE``);
 5. one ``keyrank_requests_total`` count per request, whatever the outcome (api/errors.py for the failures).
 """
 
@@ -17,7 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
+import re
+import sys
+import unicodedata
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -30,17 +36,23 @@ from keyrank.api.errors import record
 from keyrank.api.limits import check_limits
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
+from keyrank.reranker import RankedDocument, Ranking, Usage
 from keyrank.strategies import get_spec
 
 if TYPE_CHECKING:
-    from keyrank.reranker import Ranking, RerankOptions
+    from keyrank.reranker import RerankOptions
 
 log = logging.getLogger("keyrank.api")
 T = TypeVar("T")
 
 BLANK_DOCUMENT_SCORE = -10_000.0
-"""relevance_score of an empty or whitespace-only document: below any cross-encoder logit or sum of
-them, so it ranks after every document with text (0.0 after the vendor routes' sigmoid)."""
+"""relevance_score of a blank document: below any cross-encoder logit or sum of them, so it ranks
+after every document with text (0.0 after the vendor routes' sigmoid)."""
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Mn", "Me", "Zs", "Zl", "Zp"})
+"""Unicode categories that print nothing by themselves: controls, format (zero-width, U+2060, soft
+hyphen, bidi marks), combining marks without a base, spaces and separators."""
+BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
+"""Hangul fillers (letters that Unicode marks default-ignorable) and the blank Braille cell."""
 
 
 async def rank(request: Request, query: str, texts: Sequence[str], options: RerankOptions) -> Ranking:
@@ -50,16 +62,40 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     request.state.strategy = spec.name
     check_limits(query, texts, settings)
     selector = (options.selector or settings.default_selector) if spec.needs_selector else None
+    # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
+    blank_flags = [is_blank(text) for text in texts]
+    readable = [i for i, flag in enumerate(blank_flags) if not flag]
+    blank = [i for i, flag in enumerate(blank_flags) if flag]
+    if not readable:
+        ranking = Ranking(request.app.state.reranker.model_name, spec.name, selector, [], Usage(0, 0, 0, 0, 0),
+                          {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
+    else:
+        ranking = await _rank_readable(request, query, [texts[i] for i in readable], options, spec.name, selector)
+        if blank:
+            ranking = dataclasses.replace(
+                ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results]
+            )
+    ranking = rank_blank_documents_last(ranking, blank, options.top_n)
+    request.state.strategy = ranking.strategy
+    record(request, "ok")
+    return ranking
+
+
+async def _rank_readable(
+    request: Request, query: str, texts: list[str], options: RerankOptions, strategy: str, selector: str | None
+) -> Ranking:
+    """Admission, then the pipeline raced against the client's disconnect."""
+    settings: Settings = request.app.state.settings
     template = request.app.state.reranker.template
-    cost = estimate_sequences(spec.name, selector, query, texts, settings, frame_tokens=template.frame_tokens,
+    cost = estimate_sequences(strategy, selector, query, texts, settings, frame_tokens=template.frame_tokens,
                               max_tokens_per_doc=options.max_tokens_per_doc, max_windows_per_doc=options.max_windows_per_doc)
     queue: AdmissionQueue = request.app.state.admission
     ticket = queue.admit(cost, options.timeout_s)
     completed = False
     try:
         with metrics.IN_FLIGHT.track_inprogress():
-            # top_n is applied after blank documents are moved to the end.
-            work = request.app.state.reranker.arank(query, list(texts), dataclasses.replace(options, top_n=None))
+            # top_n is applied after blank documents are put last.
+            work = request.app.state.reranker.arank(query, texts, dataclasses.replace(options, top_n=None))
             ranking = await unless_disconnected(request.receive, work)
         completed = True
     except (InvalidRequest, ScoringUnavailable, Overloaded, ClientClosed):
@@ -69,9 +105,6 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
         raise HTTPException(500, "internal error") from None
     finally:
         queue.release(ticket, completed=completed)
-    ranking = rank_blank_documents_last(ranking, texts, options.top_n)
-    request.state.strategy = ranking.strategy
-    record(request, "ok")
     return ranking
 
 
@@ -101,12 +134,28 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def rank_blank_documents_last(ranking: Ranking, texts: Sequence[str], top_n: int | None) -> Ranking:
-    """Blank documents get ``BLANK_DOCUMENT_SCORE`` and no evidence, after all others, in request order."""
-    blank = {i for i, text in enumerate(texts) if not text.strip()}
-    results = list(ranking.results)
-    if blank:
-        kept = [r for r in results if r.index not in blank]
-        demoted = sorted((r for r in results if r.index in blank), key=lambda r: r.index)
-        results = kept + [dataclasses.replace(r, score=BLANK_DOCUMENT_SCORE, evidence=[], truncated=False) for r in demoted]
+def is_blank(text: str) -> bool:
+    """True when ``text`` has nothing to read: no character that prints by itself."""
+    return _readable_character().search(text) is None
+
+
+@functools.cache
+def _readable_character() -> re.Pattern[str]:
+    """Any character not in INVISIBLE_CATEGORIES or BLANK_LETTERS (built once: ~0.2 s over all code points)."""
+    invisible = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in INVISIBLE_CATEGORIES]
+    invisible += [ord(c) for c in BLANK_LETTERS]
+    ranges: list[list[int]] = []
+    for c in sorted(invisible):
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    members = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
+    return re.compile(f"[^{members}]")
+
+
+def rank_blank_documents_last(ranking: Ranking, blank: Sequence[int], top_n: int | None) -> Ranking:
+    """The blank documents (by index) after the scored ones, in request order, with ``BLANK_DOCUMENT_SCORE``
+    and no evidence; then ``top_n``."""
+    results = list(ranking.results) + [RankedDocument(i, BLANK_DOCUMENT_SCORE, [], False) for i in blank]
     return dataclasses.replace(ranking, results=results[:top_n] if top_n else results)
