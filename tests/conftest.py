@@ -7,7 +7,13 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from shared_data import CE_MODEL, REPO
+
+# Generated tests (hypothesis, schemathesis) draw the same examples on every run: a failure in CI
+# is a failure on every machine, never a random one. A failure found is kept as an explicit case.
+hypothesis_settings.register_profile("keyrank", derandomize=True, database=None, print_blob=True)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "keyrank"))
 
 # --- prepared_models ---------------------------------------------------------------------
 

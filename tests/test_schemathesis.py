@@ -5,6 +5,10 @@ and answers that conform to the schema (status codes, content types, headers, bo
 The gateway's limits are set small, so the schema's maxItems/maxLength bound what is generated
 and every valid request is cheap to score. The schema is the app's own (``app.openapi()``), read
 at import: schemathesis parametrizes at collection time, before any fixture exists.
+
+Derandomized (here and by the ``keyrank`` hypothesis profile in conftest.py): every run sends the
+same requests, so a failure is reproducible; one found is kept as an explicit case in
+tests/test_hostile_input.py (a query of "\u001f" once failed here at random).
 """
 
 from __future__ import annotations
@@ -33,6 +37,6 @@ def small_gateway(prepared_models, embedded_triton):
 
 
 @schema.parametrize()
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 def test_generated_requests_get_no_server_error_and_conforming_answers(case, small_gateway):
     case.call_and_validate(base_url=small_gateway)
