@@ -147,7 +147,7 @@ def test_constructions_are_deterministic_for_a_seed(task, tokenizer):
     again = tasks.build(task, DATA, tokenizer, seed=7, max_queries=25)
     other = tasks.build(task, DATA, tokenizer, seed=8, max_queries=25)
     assert first == again
-    assert [q.qid for q in first] != [q.qid for q in other] or first != other
+    assert first != other  # another seed draws other queries, inserts or candidates
 
 
 def test_subsample_is_stratified_over_position_buckets():

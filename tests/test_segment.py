@@ -76,8 +76,9 @@ def test_a_newline_is_the_cheapest_break():
 
 def test_long_unpunctuated_text_is_cut_by_forced_breaks_at_the_limit():
     doc, spans = _blocks(" ".join(["word"] * 200))
-    assert spans.lengths.tolist() == [63, 63, 63, 11] or sorted(spans.lengths.tolist(), reverse=True)[:3] == [63, 63, 63]
-    assert len(spans) == 4  # the fewest blocks: a per-block cost discourages needless short ones
+    # The fewest blocks (a per-block cost discourages needless short ones), all at the limit but one; among
+    # cuts of equal cost the DP keeps the last one it finds, which leaves the short block first.
+    assert spans.lengths.tolist() == [11, 63, 63, 63]
 
 
 def test_blocks_prefer_sentence_ends_over_forced_breaks():

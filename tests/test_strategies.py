@@ -64,5 +64,7 @@ def test_bert_template_frames_cls_query_sep_passage_sep_with_token_types():
 def test_bert_budget_is_512_minus_3_minus_the_query_so_every_sequence_fits():
     assert BERT.document_budget(32) == 477
     assert BERT.document_budget(29) == 480  # the paper's 480 holds for a 29-token query only
-    assert 1 + 32 + 1 + BERT.document_budget(32) + 1 == 512
+    query, doc = np.arange(1000, 1032), np.arange(2000, 2600)
+    ids, _ = BERT.build(query, doc, [0], [BERT.document_budget(32)])
+    assert len(ids) == 512  # the budget fills the model's length exactly, frame included
     assert BERT.document_budget(32, max_length=256) == 221

@@ -168,3 +168,12 @@ def test_readme_strategy_table_is_the_registry():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert markdown_table() in readme
+
+
+def test_readme_selector_table_is_the_registry():
+    from pathlib import Path
+
+    from keyrank.select import markdown_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert markdown_table() in readme

@@ -173,19 +173,9 @@ def test_text_spelling_a_special_token_never_encodes_to_a_special_id(prepared, k
     assert sorted(specials_in_input) == sorted(i for i in frame if i in special)  # only the frame's own
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
-def test_special_literals_score_like_the_same_text_with_other_brackets(prepared, kind):
-    """The literal is plain text: it moves the score no more than spelling it with other brackets does."""
-    _, models = prepared[kind]
-    reranker = Reranker.local(models)
-    literals = [t for t in _literals(models) if re.fullmatch(r"[\[<].*[\]>]", t)]
-    base = "the weather in the north was cold and wet"
-    plain = reranker.rank("a cat", [base], strategy="firstp").results[0].score
-    for literal in literals:
-        spoofed = reranker.rank("a cat", [base + (" " + literal) * 20], strategy="firstp").results[0].score
-        bracketed = "(" + literal[1:-1] + ")"
-        other = reranker.rank("a cat", [base + (" " + bracketed) * 20], strategy="firstp").results[0].score
-        assert abs(spoofed - other) <= abs(other - plain) + 0.5, (literal, plain, spoofed, other)
+# (A score test with a fixed slack of 0.5 stood here: the random family models' scores move by ~1e-5, so it
+# could not fail. The test above pins the behaviour exactly: no special id comes from text. The real
+# model's score effect is pinned below.)
 
 
 def test_real_model_pad_flood_no_longer_lifts_an_irrelevant_document(prepared_models):

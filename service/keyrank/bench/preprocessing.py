@@ -65,6 +65,7 @@ def run(model_dir: Path, datasets: Path, n_docs: int, max_chars: int, repeats: i
         name = strategy + (f"/{selector}" if selector else "") + (" (cached)" if selector == "dense" else "")
         seconds = _median_seconds(lambda s=strategy, k=selector: preprocess(pipeline, query, docs, s, k), repeats)
         result["strategies"][name] = {
+            "sequences": preprocess(pipeline, query, docs, strategy, selector),
             "tokens_per_s": n_tokens / seconds,
             "ratio_to_raw": raw_s / seconds,
             "ms": seconds * 1000,
