@@ -298,7 +298,7 @@ def hostile_request(draw) -> tuple[str, bytes]:
     if path == "/rerank":
         documents = [d if isinstance(d, str) else {"text": d["text"]} for d in documents]
     extra = draw(st.dictionaries(hostile_text, json_value, max_size=2)) if path != "/rerank" else {}
-    body = _body(path, draw(hostile_text | st.just("cats")), documents, **extra)
+    body = {**extra, **_body(path, draw(hostile_text | st.just("cats")), documents)}  # a drawn "query" key is overwritten
     if path != "/rerank" and draw(st.booleans()):
         body["return_documents"] = True
     raw = _raw(body)
