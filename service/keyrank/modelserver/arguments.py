@@ -20,6 +20,33 @@ PORT_SETTINGS = ("KEYRANK_EMBEDDED_HTTP_PORT", "KEYRANK_EMBEDDED_GRPC_PORT", "KE
 """The variables that fix the embedded ports, in (http, grpc, metrics) order."""
 
 
+# tritonserver starts each stub as `bash -c "exec <backend dir>/python/triton_python_backend_stub ..."`
+# (argv[5] is the server's pid). This stands in for the stub: it forks a watcher, then becomes the
+# real stub. The watcher waits on the server (pidfd) and SIGKILLs the stub when the server dies;
+# it dies with the stub (parent-death signal). Without it a SIGKILLed server left its stubs running
+# (PPID 1, ~200 MB each). The stub itself cannot take the parent-death signal: tritonserver forks
+# it from a thread that ends once the model is loaded, and the signal follows that thread.
+_STUB_WRAPPER = """#!{python} -SE
+import os, select, signal, sys
+server = int(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5].isdigit() else os.getppid()
+if os.getppid() != server:
+    sys.exit("triton_python_backend_stub: tritonserver died before its stub started")
+stub = os.getpid()
+if os.fork() == 0:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: gone with the stub
+    os.closerange(3, 65536)  # hold none of the server's sockets or shared memory
+    if os.getppid() == stub:
+        try:
+            select.select([os.pidfd_open(server)], [], [])  # readable once the server has exited
+        except OSError:
+            pass
+        os.kill(stub, signal.SIGKILL)
+    os._exit(0)
+os.execv({stub!r}, sys.argv)
+"""
+
+
 class EmbeddedTritonError(KeyrankError):
     """The embedded Triton cannot be found, started, or made ready."""
 
@@ -52,13 +79,17 @@ class PytritonWheel:
                 )
 
     def backend_dir(self, work_dir: Path) -> Path:
-        """``work_dir/backends`` holding python/ with the backend library, its utils and our stub."""
+        """``work_dir/backends`` holding python/ with the backend library, its utils and our stub wrapper."""
         python_dir = work_dir / "backends" / "python"
         python_dir.mkdir(parents=True, exist_ok=True)
-        for src in (self.python_backend / "libtriton_python.so", self.python_backend / "triton_python_backend_utils.py", self.stub):
+        for src in (self.python_backend / "libtriton_python.so", self.python_backend / "triton_python_backend_utils.py"):
             dst = python_dir / src.name
             if not dst.exists():
                 dst.symlink_to(src)
+        stub = python_dir / self.stub.name
+        if not stub.exists():
+            stub.write_text(_STUB_WRAPPER.format(python=sys.executable, stub=str(self.stub)))
+            stub.chmod(0o755)
         return python_dir.parent
 
     def environment(self) -> dict[str, str]:

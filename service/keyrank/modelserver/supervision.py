@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 import time
 import urllib.error
@@ -78,11 +80,6 @@ def process_alive(pid: int) -> bool:
     """Running or sleeping; a zombie (dead, not yet reaped) is not alive."""
     fields = _stat(pid)
     return fields is not None and fields[0] not in ("Z", "X")
-
-
-def python_stubs(server_pid: int) -> set[int]:
-    """Pids of the Python backend stubs that ``server_pid`` spawned, dead ones not yet reaped included."""
-    return set(model_stubs(server_pid))
 
 
 class Stub(NamedTuple):
@@ -303,6 +300,7 @@ class Supervisor(threading.Thread):
         probe_timeout_s: float = 10.0,
         hang_after_s: float = 30.0,
         stable_after_s: float = 10.0,
+        stopped_after_s: float | None = 0.3,
         on_give_up: Callable[[str], None] | None = None,
     ):
         super().__init__(name="keyrank-triton-supervisor", daemon=True)
@@ -313,6 +311,8 @@ class Supervisor(threading.Thread):
         self.http_every_s = http_every_s
         self.hang_after_s = hang_after_s
         self.stable_after_s = stable_after_s
+        self.stopped_after_s = stopped_after_s
+        """A stub stopped (SIGSTOP, a debugger) this long is killed and repaired; None = leave it to the hang clock."""
         self.on_give_up = on_give_up
         self.stopping = threading.Event()
         self.failure: str | None = None
@@ -320,9 +320,9 @@ class Supervisor(threading.Thread):
         self.repairs: list[tuple[str, float]] = []
         """(what was done, seconds from detection to serving again) of each successful repair."""
         self._prober = _InferenceProber(triton, probe_every_s, probe_timeout_s, self.stopping)
-        self._stubs: set[int] = set()
+        self._stubs: dict[int, Stub] = {}  # the live stubs of our model at the last tick
         self._stubs_of: int | None = None
-        self._buried: set[int] = set()
+        self._stopped_since: dict[int, float] = {}
         self._next_http = 0.0
         self._failures = 0  # failed repairs in a row (a repair that did not hold for stable_after_s counts)
         self._repaired_at = 0.0
@@ -356,14 +356,9 @@ class Supervisor(threading.Thread):
         pid = triton.pid
         if pid is None:
             return f"tritonserver exited (code {triton.returncode})"
-        if self._stubs_of != pid or not self._stubs:  # the stubs of a freshly ready server
-            # A dead stub stays a zombie until Triton unloads its model, or longer: once reported,
-            # it is not watched again.
-            self._stubs, self._stubs_of = python_stubs(pid) - self._buried, pid
-        dead = sorted(stub for stub in self._stubs if not process_alive(stub))
-        if dead:
-            self._buried.update(dead)
-            return f"model process died (Python backend stub pid {', '.join(map(str, dead))})"
+        fault = self._check_stubs(pid)
+        if fault is not None:
+            return fault
         now = time.monotonic()
         if now >= self._next_http:
             self._next_http = now + self.http_every_s
@@ -378,6 +373,44 @@ class Supervisor(threading.Thread):
         if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
             return f"probe inference hung for {now - hung:.0f} s"
         return None
+
+    def _check_stubs(self, server_pid: int) -> str | None:
+        """A stub of our model that died (and was not replaced) or stays stopped; None if all is well.
+
+        A stub that exits after a newer one started for the same instance was replaced, not
+        killed: Triton unloads in the background, so the stub of an unloaded (or reloaded) model
+        exits seconds after its successor serves. Taking that exit for a crash made each repair
+        cause the next one.
+        """
+        if self._stubs_of != server_pid:
+            self._stubs, self._stubs_of, self._stopped_since = {}, server_pid, {}
+        stubs = model_stubs(server_pid, self.triton.model)
+        live = {pid: stub for pid, stub in stubs.items() if stub.state not in ("Z", "X")}
+        died = sorted(
+            pid for pid, stub in self._stubs.items()
+            if pid not in live and not any(s.instance == stub.instance and s.started > stub.started for s in live.values())
+        )
+        self._stubs = live
+        if died:
+            return f"model process died (Python backend stub pid {', '.join(map(str, died))})"
+        now = time.monotonic()
+        stopped = {pid: self._stopped_since.get(pid, now) for pid, stub in live.items() if stub.state in ("T", "t")}
+        self._stopped_since = stopped
+        if self.stopped_after_s is None:
+            return None
+        stuck = sorted(pid for pid, since in stopped.items() if now - since >= self.stopped_after_s)
+        if not stuck:
+            return None
+        # A stopped stub answers nothing ("Stub process ... is not healthy") while Triton still says
+        # ready; killing it turns it into the dead stub the repair below replaces, and it cannot
+        # wake up later (SIGCONT) to talk to a server that has moved on.
+        for pid in stuck:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._stubs.pop(pid, None)
+        return f"model process stopped for {now - min(stopped[p] for p in stuck):.1f} s (Python backend stub pid {', '.join(map(str, stuck))}); killed it"
 
     # --- repair -------------------------------------------------------------------------------
 
@@ -426,7 +459,6 @@ class Supervisor(threading.Thread):
                 continue
             took = time.monotonic() - detected
             self.repairs.append((how, took))
-            self._stubs, self._stubs_of = set(), None
             self._repaired_at = time.monotonic()
             log.warning("embedded Triton serving again after %s (%.1f s after detection)", how, took)
             return

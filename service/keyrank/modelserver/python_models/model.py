@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,9 @@ class TritonPythonModel:
 
 _CANCEL_POLL_S = 0.05
 """How often a running batch asks whether all its requests were cancelled."""
+_FROZEN_S = 0.5
+"""A poll that comes this late means the stub was frozen (SIGSTOP): Triton may have failed and freed
+its requests meanwhile ("Stub process ... is not healthy")."""
 
 
 def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list) -> list:
@@ -90,10 +94,18 @@ def _run_unless_cancelled(session, output_names: list, batch: dict, requests: li
     done = threading.Event()
 
     def watch() -> None:
+        polled = time.monotonic()
         while not done.wait(_CANCEL_POLL_S):
+            if time.monotonic() - polled > _FROZEN_S:
+                # is_cancelled() hands Triton the request's response factory, which Triton freed if it
+                # gave up on this stub while it was frozen: asking then crashed tritonserver (SIGSEGV in
+                # TRITONBACKEND_ResponseFactoryIsCancelled). So stop asking; the run finishes (a busy box
+                # that merely starved this thread loses only the early stop of this one batch).
+                return
             if all(request.is_cancelled() for request in requests):
                 options.terminate = True
                 return
+            polled = time.monotonic()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()

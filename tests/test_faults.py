@@ -1,0 +1,209 @@
+"""Faults of the embedded model path, each ending with /readyz telling the truth within a second, at
+most one repair, and nothing left behind (no process, /dev/shm file or work dir): a stopped model
+process, an admin unload under load, a killed tritonserver, SIGTERM under load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from process_tree import BODY, alive, children, command_line, start_serve, stubs_of, tritonserver_of, wait_status
+
+pytestmark = pytest.mark.triton
+
+LONG_BODY = {"query": "who chaired the budget meeting", "strategy": "maxp",
+             "documents": [" ".join(["the committee met again to discuss the budget and the roads"] * 250)] * 4}
+"""Seconds of CPU work on the embedded model (4 documents of ~3,000 tokens, every window scored)."""
+
+
+def _leftovers(serve_pid: int, tree: list[int]) -> list[str]:
+    """What a stopped `keyrank serve` left: live processes of its tree, its shared memory, its work dir."""
+    found = [f"process {pid}: {command_line(pid)[:80]}" for pid in tree if alive(pid)]
+    found += [str(path) for path in Path("/dev/shm").glob(f"keyrank_{serve_pid}_*")]
+    for pid in tree:
+        work = [arg.split("=", 1)[1] for arg in command_line(pid).split() if arg.startswith("--backend-directory=")]
+        found += [str(Path(w).parent) for w in work if Path(w).parent.exists()]
+    return found
+
+
+class Serve:
+    """`keyrank serve` with its output in a log; SIGTERMed at the end and checked for leftovers."""
+
+    def __init__(self, models: Path, tmp_path: Path, **env: str):
+        self.log = tmp_path / "serve.log"
+        self.proc, self.url = start_serve(models, self.log, **env)
+        self.tree: list[int] = []
+        try:
+            wait_status(self.url, "/readyz", 200, timeout=120)
+        except AssertionError as exc:
+            self.proc.kill()
+            raise AssertionError(f"{exc}\n{self.log.read_text()[-3000:]}") from None
+
+    def triton(self) -> int:
+        pid = tritonserver_of(self.proc.pid)
+        self.tree = sorted(set(self.tree) | {pid, *children(pid)})
+        return pid
+
+    def repairs(self) -> int:
+        return self.log.read_text().count("; repairing")
+
+    def stop_and_check(self) -> None:
+        self.triton()
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(30) == 0, self.log.read_text()[-3000:]
+        deadline = time.monotonic() + 5
+        while _leftovers(self.proc.pid, self.tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _leftovers(self.proc.pid, self.tree) == []
+
+
+@pytest.fixture()
+def serve(prepared_models: Path, tmp_path: Path):
+    served = Serve(prepared_models, tmp_path)
+    try:
+        yield served
+        served.stop_and_check()
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
+
+
+def _admin(triton_pid: int) -> tuple[str, dict[str, str]]:
+    """HTTP URL and admin header of a tritonserver, from its command line."""
+    args = command_line(triton_pid).split()
+    port = next(a.split("=")[1] for a in args if a.startswith("--http-port="))
+    key = next(a for a in args if a.startswith("--http-restricted-api=")).rsplit("=", 1)[1]
+    return f"http://127.0.0.1:{port}", {"keyrank-admin": key}
+
+
+def test_a_stopped_model_process_turns_readyz_503_within_a_second_and_is_replaced_once(serve):
+    # SIGSTOP: alive, answers nothing; Triton fails every request ("Stub process ... is not healthy")
+    # while saying ready. Waking it later must not crash tritonserver (it once did: SIGSEGV).
+    assert httpx.post(f"{serve.url}/rerank", json=BODY, timeout=30).status_code == 200
+    triton = serve.triton()
+    (stub,) = stubs_of(triton)
+    os.kill(stub, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        took = wait_status(serve.url, "/readyz", 503, timeout=1.0)
+        wait_status(serve.url, "/rerank", 200, timeout=10.0, method="POST", json=BODY)
+    finally:
+        if alive(stub):
+            os.kill(stub, signal.SIGCONT)
+    print(f"stopped stub: /readyz 503 after {took:.2f} s, serving after {time.monotonic() - stopped:.2f} s")
+    time.sleep(2.0)
+    assert tritonserver_of(serve.proc.pid) == triton  # no crash, no restart
+    assert httpx.get(f"{serve.url}/readyz").status_code == 200
+    assert httpx.post(f"{serve.url}/rerank", json=BODY, timeout=30).json()["results"][0]["index"] == 0
+    assert serve.repairs() == 1
+
+
+def test_an_admin_unload_under_load_is_repaired_once_with_no_503_after_readiness_returns(serve):
+    # Triton unloads in the background: the old stub exits seconds after the reload, which was read
+    # as a new crash (5 repairs in a row, the healthy instance unloaded each time).
+    triton = serve.triton()
+    http, admin = _admin(triton)
+    answers: list[tuple[float, float, int]] = []  # (sent, answered, status)
+    stop = threading.Event()
+
+    def load(body: dict) -> None:
+        with httpx.Client(timeout=60) as client:
+            while not stop.is_set():
+                sent = time.monotonic()
+                status = client.post(f"{serve.url}/rerank", json=body).status_code
+                answers.append((sent, time.monotonic(), status))
+
+    # Long requests in flight keep the unloaded instance (and its stub) busy after the new one serves.
+    loaders = [threading.Thread(target=load, args=(body,), daemon=True) for body in (BODY, LONG_BODY)]
+    for loader in loaders:
+        loader.start()
+    try:
+        time.sleep(2.0)
+        assert httpx.post(f"{http}/v2/repository/models/cross_encoder/unload", headers=admin, json={}).status_code == 200
+        unloaded = time.monotonic()
+        down = wait_status(serve.url, "/readyz", 503, timeout=1.0)
+        back = unloaded + wait_status(serve.url, "/readyz", 200, timeout=15.0)
+        time.sleep(10.0)  # the old stub exits meanwhile
+    finally:
+        stop.set()
+        for loader in loaders:
+            loader.join(30)
+    print(f"admin unload: /readyz 503 after {down:.2f} s, 200 again after {back - unloaded:.2f} s")
+    assert serve.repairs() == 1, serve.log.read_text()[-2000:]
+    late = [(round(answered - back, 2), status) for _, answered, status in answers if answered > back + 0.1 and status != 200]
+    assert late == []
+    assert httpx.post(f"{serve.url}/rerank", json=BODY, timeout=30).status_code == 200
+    assert tritonserver_of(serve.proc.pid) == triton
+
+
+def test_a_killed_tritonserver_takes_its_model_process_with_it(prepared_models):
+    # Unsupervised, so nothing but the stub's own tie to its server can end it; and stopped, so the
+    # stub's own watch on its parent cannot run (a wedged stub is what an orphan was).
+    from keyrank.config import Settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+
+    with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
+        stubs = stubs_of(triton.pid)
+        assert stubs
+        watchers = [child for stub in stubs for child in children(stub)]
+        for stub in stubs:
+            os.kill(stub, signal.SIGSTOP)
+        os.kill(triton.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            while [pid for pid in stubs + watchers if alive(pid)]:
+                assert time.monotonic() - killed < 3.0, f"orphaned model processes: {[p for p in stubs if alive(p)]}"
+                time.sleep(0.05)
+        finally:
+            for stub in [pid for pid in stubs if alive(pid)]:
+                os.kill(stub, signal.SIGKILL)
+        print(f"stub gone {time.monotonic() - killed:.2f} s after tritonserver's SIGKILL")
+        work_dir = triton.work_dir
+    assert not work_dir.exists()
+    assert not list(Path("/dev/shm").glob(f"keyrank_{os.getpid()}_*"))
+
+
+def test_sigterm_answers_requests_past_the_grace_with_json_503_and_leaves_nothing(prepared_models, tmp_path):
+    served = Serve(prepared_models, tmp_path, KEYRANK_SHUTDOWN_GRACE_S="1", KEYRANK_REQUEST_TIMEOUT_S="60")
+    try:
+        served.triton()
+        answers: list[httpx.Response] = []
+        request = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{served.url}/rerank", json=LONG_BODY, timeout=60)), daemon=True)
+        request.start()
+        time.sleep(1.0)  # the request is being scored
+        served.stop_and_check()
+        request.join(30)
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
+    (answer,) = answers
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["error"]["type"] == "unavailable"
+
+
+def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatch):
+    # The rule behind "at most one repair": Triton unloads in the background, so the replaced stub
+    # exits after the new one serves; a stub that dies with no successor is a crash.
+    from keyrank.modelserver import supervision
+    from keyrank.modelserver.supervision import Stub, Supervisor
+
+    class Server:
+        model, pid = "cross_encoder", 1
+
+    instance = ("/m/cross_encoder/1/model.py", "cross_encoder_0_0")
+    old, new = Stub("S", 100, instance), Stub("S", 200, instance)
+    seen: list[dict] = [{10: old}, {10: old, 20: new}, {20: new}, {}]
+    monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: seen.pop(0))
+    supervisor = Supervisor(Server())
+    assert [supervisor._check_stubs(1) for _ in range(3)] == [None, None, None]
+    assert "pid 20" in supervisor._check_stubs(1)
