@@ -221,8 +221,10 @@ def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prep
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
         (stub,) = stubs_of(triton.pid)
-        supervisor = _supervised_by(triton, probe_timeout_s=0.3, hang_after_s=1.5)
-        os.kill(stub, signal.SIGSTOP)  # alive, answers nothing: what a deadlocked model looks like
+        # SIGSTOP stands in for a deadlock: alive, answers nothing. A stopped stub is otherwise killed at
+        # once (stopped_after_s); here only the hang clock may notice it.
+        supervisor = _supervised_by(triton, probe_timeout_s=0.3, hang_after_s=1.5, stopped_after_s=None)
+        os.kill(stub, signal.SIGSTOP)
         stopped = time.monotonic()
         try:
             while not supervisor.repairs:

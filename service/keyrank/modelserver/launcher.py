@@ -11,12 +11,15 @@ Triton is also tied to this process's life, so nothing is left behind.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
 import sys
+from typing import Any
 
 import uvicorn
+from starlette.requests import Request
 
 from keyrank.api.http_protocol import HTTP_PROTOCOL, protocol_with_timeout
 from keyrank.config import Settings
@@ -36,6 +39,47 @@ class _GiveUp:
     def __call__(self, reason: str) -> None:
         self.reason = reason
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+class AnswerCutRequests:
+    """ASGI wrapper: a request still running when the shutdown grace (``shutdown_grace_s``) ends is
+    cancelled by uvicorn, which then answered a plain-text 500; it gets the documented JSON 503 with
+    Retry-After instead, so the client retries elsewhere."""
+
+    def __init__(self, app: Any, retry_after_s: int) -> None:
+        self.app = app
+        self.retry_after_s = retry_after_s
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            from keyrank.api.errors import error_response
+
+            response = error_response(
+                Request(scope), 503, "unavailable", "the server is shutting down: retry the request",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+            await response(scope, receive, send)
+
+
+def create_served_app() -> AnswerCutRequests:
+    """The app each uvicorn worker serves (``KEYRANK_WORKERS`` > 1 imports it by name)."""
+    from keyrank.api import create_app
+    from keyrank.config import get_settings
+
+    return AnswerCutRequests(create_app(), get_settings().retry_after_s)
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:
@@ -74,14 +118,16 @@ def serve(settings: Settings) -> int:
             os.environ["KEYRANK_MODEL_DIR"] = str(settings.model_dir)
             os.environ["KEYRANK_HEADER_READ_TIMEOUT_S"] = str(settings.header_read_timeout_s)
             uvicorn.run(
-                "keyrank.api:create_app", factory=True, host=settings.host, port=settings.port,
-                workers=settings.workers, log_level="info", timeout_graceful_shutdown=10, http=HTTP_PROTOCOL,
+                "keyrank.modelserver.launcher:create_served_app", factory=True, host=settings.host, port=settings.port,
+                workers=settings.workers, log_level="info", timeout_graceful_shutdown=settings.shutdown_grace_s,
+                http=HTTP_PROTOCOL,
             )
         else:
             from keyrank.api import create_app
 
             config = uvicorn.Config(
-                create_app(settings), host=settings.host, port=settings.port, log_level="info", timeout_graceful_shutdown=10,
+                AnswerCutRequests(create_app(settings), settings.retry_after_s), host=settings.host, port=settings.port,
+                log_level="info", timeout_graceful_shutdown=settings.shutdown_grace_s,
                 http=protocol_with_timeout(settings.header_read_timeout_s),
             )
             uvicorn.Server(config).run()
