@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,41 +63,6 @@ class RerankOptions:
     None = the service's cap. The cut is reported."""
     timeout_s: float | None = None
     """Deadline of this request in seconds."""
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What to score for one request, and how the scores map back."""
-
-    query: Encoded
-    """The query's tokens (after the query cap)."""
-    docs: list[Encoded]
-    """Every document's tokens (after ``max_tokens_per_doc``)."""
-    spec: StrategySpec
-    """The strategy's registry row."""
-    selector: str | None
-    """The block selector (strategies that select), else None."""
-    budget: int
-    """Document tokens that fit next to the query in one sequence."""
-    pieces: list[Spans]
-    """Blocks or windows of each document (empty for firstp)."""
-    passages: list[Passage]
-    """What each sequence holds of its document, grouped by document."""
-    inputs: ModelInputs
-    """The sequences, framed by the model's template."""
-    selector_inputs: ModelInputs
-    """What the cross selector scored before assembly (empty for the other selectors)."""
-
-    @property
-    def doc_of(self) -> np.ndarray:
-        """int64 [S] document of each sequence."""
-        return np.fromiter((p.doc for p in self.passages), dtype=np.int64, count=len(self.passages))
-
-    @property
-    def truncated(self) -> list[bool]:
-        """Per document: tokens past a cap (``max_tokens_per_doc``, the window cap) were not read."""
-        windowed = self.spec.windowed
-        return [d.truncated or (windowed and self.pieces[i].truncated) for i, d in enumerate(self.docs)]
 
 
 class StageTimer:
@@ -150,6 +115,27 @@ class Cut:
     def awaits_model(self) -> bool:
         """The cross selector's block logits must be scored before ``Pipeline.finish``."""
         return len(self.selector_inputs) > 0 and not self.block_scores
+
+
+@dataclass(slots=True)
+class Plan(Cut):
+    """A finished ``Cut``: what to score for one request, and how the scores map back."""
+
+    passages: list[Passage] = field(default_factory=list)
+    """What each sequence holds of its document, grouped by document."""
+    inputs: ModelInputs = field(default_factory=lambda: ModelInputs([], []))
+    """The sequences, framed by the model's template."""
+
+    @property
+    def doc_of(self) -> np.ndarray:
+        """int64 [S] document of each sequence."""
+        return np.fromiter((p.doc for p in self.passages), dtype=np.int64, count=len(self.passages))
+
+    @property
+    def truncated(self) -> list[bool]:
+        """Per document: tokens past a cap (``max_tokens_per_doc``, the window cap) were not read."""
+        windowed = self.spec.windowed
+        return [d.truncated or (windowed and self.pieces[i].truncated) for i, d in enumerate(self.docs)]
 
 
 class Pipeline:
@@ -308,7 +294,8 @@ class Pipeline:
         with timer.stage("assemble"):
             passages = self.assemble(cut.spec, cut.docs, cut.pieces, cut.block_scores, cut.budget, cut.selector)
             inputs = self.inputs(cut.query, cut.docs, passages)
-        return Plan(cut.query, cut.docs, cut.spec, cut.selector, cut.budget, cut.pieces, passages, inputs, cut.selector_inputs)
+        return Plan(cut.query, cut.docs, cut.spec, cut.selector, cut.budget, cut.pieces, cut.block_scores, cut.selector_inputs,
+                    passages, inputs)
 
     def plan(
         self,
