@@ -1,13 +1,15 @@
 """The deployment artifacts hold up to the ecosystem's own tools.
 
-No cluster or Docker engine runs here, so these tests check what can be
-checked without one: `helm lint`/`helm template` with the default and the GPU
-values, the rendered manifests against the Kubernetes OpenAPI schemas
-(kubernetes-validate, strict), the properties that matter in production (GPU,
-non-root, NetworkPolicy, probes, PDBs, HPAs), `docker-compose config`, yamllint,
-and the Dockerfiles' essentials. helm comes from scripts/install-tools.sh
-(called here when .tools/bin/helm is missing); docker-compose and yamllint are
-Debian packages (skipped with the reason when absent).
+No cluster runs here, so these tests check what can be checked without one:
+`helm lint`/`helm template` with the default and the GPU values, the rendered
+manifests against the Kubernetes OpenAPI schemas (kubernetes-validate,
+strict), the properties that matter in production (GPU, non-root,
+NetworkPolicy, probes, PDBs, HPAs), `docker-compose config` of the GPU file
+and of the CPU override, yamllint, and the Dockerfiles' essentials (the
+images themselves are built and run by tests/test_docker.py). helm comes from
+scripts/install-tools.sh (called here when .tools/bin/helm is missing);
+docker-compose and yamllint are Debian packages (skipped with the reason when
+absent).
 """
 
 from __future__ import annotations
@@ -346,26 +348,62 @@ def test_grafana_dashboard_shows_per_stage_latency(gpu_objects):
 # --- docker-compose, yamllint ----------------------------------------------------------------
 
 
-def test_docker_compose_accepts_the_compose_file():
+def compose_config(*files: str) -> dict:
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose binary absent (Debian package docker-compose)")
-    result = subprocess.run([binary, "-f", str(ROOT / "docker-compose.yml"), "config"], capture_output=True,
-                            text=True, cwd=ROOT, timeout=60)
+    command = [binary]
+    for name in files:
+        command += ["-f", str(ROOT / name)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYRANK_")}
+    result = subprocess.run(command + ["config"], capture_output=True, text=True, cwd=ROOT, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
-    services = yaml.safe_load(result.stdout)["services"]
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def package_version() -> str:
+    return re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+
+
+def test_docker_compose_accepts_the_compose_file():
+    services = compose_config("docker-compose.yml")
     assert set(services) >= {"models", "triton", "gateway", "prometheus"}
     triton, gateway = services["triton"], services["gateway"]
     assert "ports" not in triton, "Triton must not be published to the host"
-    device = triton["deploy"]["resources"]["reservations"]["devices"][0]
-    assert device["capabilities"] == ["gpu"] and device["driver"] == "nvidia"
+    # The GPU through the NVIDIA runtime: a scalar the CPU override can replace.
+    assert triton["runtime"] == "nvidia" and triton["environment"]["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert triton["shm_size"]
     assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
     assert gateway["depends_on"]["triton"]["condition"] == "service_healthy"
     assert triton["depends_on"]["models"]["condition"] == "service_completed_successfully"
     assert gateway["command"] == ["serve", "--triton-url", "triton:8001"]
     assert gateway["read_only"] is True and gateway["cap_drop"] == ["ALL"]
-    assert any(str(p).endswith("8080") or "8080" in str(p) for p in gateway["ports"])
+    # Published on loopback unless the user says otherwise.
+    for service in ("gateway", "prometheus"):
+        for port in services[service]["ports"]:
+            assert str(port).startswith("127.0.0.1:"), (service, port)
+    # Image tags default to the package version.
+    for service in ("models", "triton", "gateway"):
+        assert services[service]["image"].endswith(f":{package_version()}"), services[service]["image"]
+
+
+def test_cpu_override_swaps_triton_for_the_cpu_image_and_leaves_the_gateway_as_is():
+    gpu = compose_config("docker-compose.yml")
+    cpu = compose_config("docker-compose.yml", "docker-compose.cpu.yml")
+    triton = cpu["triton"]
+    assert triton["image"] == f"keyrank-triton-cpu:{package_version()}"
+    assert triton["build"]["context"].endswith("docker/triton-cpu")
+    assert triton["runtime"] == "runc" and triton["environment"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "deploy" not in triton and "ports" not in triton
+    assert triton["read_only"] is True and triton["cap_drop"] == ["ALL"] and triton["restart"] == "unless-stopped"
+    assert triton["init"] is True
+    assert "/v2/health/ready" in " ".join(triton["healthcheck"]["test"])
+    # The gateway talks to `triton` by service name exactly as with the GPU file.
+    assert cpu["gateway"] == gpu["gateway"]
+    models = cpu["models"]
+    assert models["environment"]["KEYRANK_PREPARE_MODEL"] == "/checkpoint"
+    assert any(str(v).endswith(":/checkpoint:ro") or (isinstance(v, dict) and v.get("target") == "/checkpoint")
+               for v in models["volumes"])
 
 
 def test_prometheus_scrapes_the_gateway_and_triton_metrics_port():
@@ -378,7 +416,8 @@ def test_yaml_files_pass_yamllint():
     binary = shutil.which("yamllint")
     if binary is None:
         pytest.skip("yamllint binary absent (Debian package yamllint)")
-    files = [ROOT / "docker-compose.yml", ROOT / "docker" / "prometheus.yml", ROOT / "docker" / "grafana",
+    files = [ROOT / "docker-compose.yml", ROOT / "docker-compose.cpu.yml", ROOT / "docker" / "prometheus.yml",
+             ROOT / "docker" / "grafana",
              CHART / "Chart.yaml", CHART / "values.yaml", GPU_VALUES]
     result = subprocess.run([binary, "--strict", "-d", YAMLLINT_CONFIG, *map(str, files)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -407,10 +446,15 @@ def instructions(stage: list[tuple[str, str]], name: str) -> list[str]:
     return [arguments for instruction, arguments in stage if instruction == name]
 
 
+def stage(stages: list[list[tuple[str, str]]], name: str) -> list[tuple[str, str]]:
+    """The stage ``FROM ... AS name``."""
+    return next(s for s in stages if instructions(s, "FROM")[0].endswith(f" AS {name}"))
+
+
 def test_gateway_image_is_multi_stage_non_root_with_healthcheck_and_no_dev_deps():
     stages = dockerfile_stages(ROOT / "Dockerfile")
     assert len(stages) >= 2
-    build, final = stages[0], stages[-1]
+    build, final = stage(stages, "build"), stages[-1]
     users = instructions(final, "USER")
     assert users and users[-1].split(":")[0] not in {"root", "0"}
     healthcheck = " ".join(instructions(final, "HEALTHCHECK"))
@@ -421,7 +465,10 @@ def test_gateway_image_is_multi_stage_non_root_with_healthcheck_and_no_dev_deps(
         assert tool not in final_text, f"{tool} in the runtime stage"
     # the package is installed without extras: no export (torch), test or eval dependencies
     installs = " ".join(a for a in instructions(build, "RUN") if "pip install" in a)
-    assert "pip install ." in installs and "[" not in installs
+    assert "pip install --no-deps ." in installs and "pip install -r /tmp/requirements.txt" in installs
+    assert ".[" not in installs
+    requirements = " ".join(instructions(stage(stages, "requirements"), "RUN"))
+    assert "['project']['dependencies']" in requirements and "optional-dependencies" not in requirements
     copies = instructions(final, "COPY")
     assert copies and all(c.startswith("--from=build") for c in copies), "runtime copies only the built venv"
     env = " ".join(instructions(final, "ENV"))
@@ -441,10 +488,58 @@ def test_triton_image_is_the_official_container_running_unprivileged():
     assert "--model-repository=/models/triton" in entrypoint and "--strict-readiness=true" in entrypoint
 
 
+def test_cpu_triton_image_serves_the_embedded_repository_like_the_gpu_image():
+    path = ROOT / "docker" / "triton-cpu" / "Dockerfile"
+    build, final = dockerfile_stages(path)
+    assert re.search(r"^ARG PYTHON_IMAGE=\S+$", path.read_text(), re.MULTILINE)
+    assert instructions(final, "FROM") == ["${PYTHON_IMAGE} AS runtime"]
+    assert "nvidia-pytriton==" in " ".join(instructions(build, "RUN"))
+    assert instructions(final, "USER")[-1].split(":")[0] not in {"root", "0"}
+    entrypoint = " ".join(instructions(final, "ENTRYPOINT"))
+    assert "--model-repository=/models/triton-embedded" in entrypoint and "--strict-readiness=true" in entrypoint
+    assert "--backend-directory=/opt/triton/backends" in entrypoint
+    # The same ports and health endpoint as the NGC image, so compose and the chart take either.
+    (gpu,) = dockerfile_stages(ROOT / "docker" / "triton" / "Dockerfile")
+    assert instructions(final, "EXPOSE") == instructions(gpu, "EXPOSE") == ["8000 8001 8002"]
+    for port in ("8000", "8001", "8002"):
+        assert f"--{dict(zip(('8000', '8001', '8002'), ('http', 'grpc', 'metrics')))[port]}-port={port}" in entrypoint
+    assert "/v2/health/ready" in " ".join(instructions(final, "HEALTHCHECK"))
+
+
+DOCKERFILES = [ROOT / "Dockerfile", ROOT / "docker" / "prepare" / "Dockerfile", ROOT / "docker" / "triton" / "Dockerfile",
+               ROOT / "docker" / "triton-cpu" / "Dockerfile"]
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_dockerfiles_build_with_the_classic_builder_and_no_frontend_image(path):
+    """No `# syntax=` line (BuildKit would pull a frontend image from a registry) and nothing only
+    BuildKit understands (RUN --mount, COPY --chmod/--link, heredocs): Debian's docker.io has no buildx."""
+    text = path.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.MULTILINE | re.IGNORECASE)
+    assert not re.search(r"--mount=|--chmod=|--link\b|<<\s*['\"]?[A-Z]+", text)
+    # Every image's base is a build argument, so an air-gapped user points it at a local image.
+    assert re.search(r"^ARG (PYTHON_IMAGE|TRITON_IMAGE)=", text, re.MULTILINE)
+
+
+def test_images_carry_oci_labels_with_the_version_build_argument():
+    for path in (ROOT / "Dockerfile", ROOT / "docker" / "prepare" / "Dockerfile", ROOT / "docker" / "triton-cpu" / "Dockerfile"):
+        final = dockerfile_stages(path)[-1]
+        labels = " ".join(instructions(final, "LABEL"))
+        assert 'org.opencontainers.image.version="${VERSION}"' in labels, path
+        assert "org.opencontainers.image.title=" in labels and "org.opencontainers.image.source=" in labels, path
+        assert f"VERSION={package_version()}" in instructions(final, "ARG"), path
+
+
 def test_prepare_image_installs_the_export_extra_and_runs_unprivileged():
     stages = dockerfile_stages(ROOT / "docker" / "prepare" / "Dockerfile")
-    installs = " ".join(a for a in instructions(stages[0], "RUN") if "pip install" in a)
+    build = stage(stages, "build")
+    installs = " ".join(a for a in instructions(build, "RUN") if "pip install" in a)
     assert ".[export" in installs
+    requirements = " ".join(instructions(stage(stages, "requirements"), "RUN"))
+    assert "['export']" in requirements and "['dense']" in requirements
+    # PyTorch comes first, from where TORCH_PIP_ARGS says (default: the CPU index), never PyPI's CUDA build.
+    assert installs.index('pip install $TORCH_PIP_ARGS "$TORCH_SPEC"') < installs.index(".[export")
+    assert 'TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"' in instructions(build, "ARG")
     assert instructions(stages[-1], "USER")[-1].split(":")[0] not in {"root", "0"}
 
 
