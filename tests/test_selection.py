@@ -8,13 +8,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from keyrank.config import Settings
 from keyrank.segment import Spans
-from keyrank.select.duplicates import ChosenSets, jaccard, token_set
+from keyrank.select.duplicates import ChosenSets
 from keyrank.segment import blocks, token_break_costs
 from keyrank.select.hybrid import competition_ranks, hybrid_scores, reciprocal_rank_fusion
 from keyrank.strategies.keyb2 import SelectionRules, choose_blocks, keyb2_budget, keyb2_passages, select_blocks
 from keyrank.template import InputTemplate
 from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
+
+
+def token_set(ids: np.ndarray, blocks, block: int) -> np.ndarray:
+    """The reference: the distinct token ids of one block, sorted (ChosenSets compares them vectorised)."""
+    return np.unique(ids[blocks.starts[block] : blocks.ends[block]])
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """The reference: |a & b| / |a | b| of two sets of distinct ids; two empty sets are identical (1.0)."""
+    union = np.union1d(a, b).shape[0]
+    return 1.0 if union == 0 else np.intersect1d(a, b, assume_unique=True).shape[0] / union
 
 TOKENIZER = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
 BERT = InputTemplate.bert(*(TOKENIZER.token_to_id(t) for t in ("[CLS]", "[SEP]", "[PAD]")))

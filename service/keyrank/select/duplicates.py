@@ -16,17 +16,6 @@ import numpy as np
 from keyrank.segment import Spans
 
 
-def token_set(ids: np.ndarray, blocks: Spans, block: int) -> np.ndarray:
-    """int64 [u]: the distinct token ids of one block, sorted."""
-    return np.unique(ids[blocks.starts[block] : blocks.ends[block]])
-
-
-def jaccard(a: np.ndarray, b: np.ndarray) -> float:
-    """|a & b| / |a | b| of two sets given as distinct ids; two empty sets are identical (1.0)."""
-    union = np.union1d(a, b).shape[0]
-    return 1.0 if union == 0 else np.intersect1d(a, b, assume_unique=True).shape[0] / union
-
-
 class ChosenSets:
     """Token sets of the blocks chosen so far, to test a candidate against all of them at once."""
 
