@@ -35,6 +35,12 @@ class TritonPythonModel:
         options.intra_op_num_threads = _threads(config)
         options.inter_op_num_threads = 1  # a BERT graph is one chain: parallelism is within ops
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Bounded memory: ONNX Runtime's CPU arena keeps the peak of every batch shape it has seen
+        # (the stub grew to 2.37 GB after maxp bursts and never shrank) and the memory pattern
+        # plans one buffer per shape. Without both, a run's buffers go back to malloc when it ends
+        # (docs/RELIABILITY.md: the bound and its cost in speed).
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
         path = Path(__file__).resolve().parent / "model.onnx"
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
