@@ -28,6 +28,10 @@ RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('/src/pyprojec
 FROM ${PYTHON_IMAGE} AS build
 ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG BUILD_PACKAGES=""
+# Installed by the dependencies but never loaded by the gateway (tests/test_docker.py reads the running
+# process's memory map after every kind of request): httptools (uvicorn[standard]; `keyrank serve` runs
+# its own h11 protocol) and hf-xet (huggingface-hub's downloader; the tokenizer is read from /models).
+ARG UNUSED="httptools hf-xet"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -45,7 +49,7 @@ COPY service ./service
 # The gateway needs only the base dependencies ['project']['dependencies']: no export/test/eval extras.
 RUN pip install --no-deps . \
  && pip check \
- && pip uninstall -y pip setuptools \
+ && pip uninstall -y pip setuptools $UNUSED \
  && find /opt/keyrank -name __pycache__ -prune -exec rm -rf {} +
 
 # ---- runtime: slim, non-root, read-only friendly ----------------------------
