@@ -63,6 +63,7 @@ def test_prepare_writes_the_triton_repositories_and_gateway_assets(prepared_mode
         "triton/cross_encoder/1/model.onnx",
         "triton-embedded/cross_encoder/config.pbtxt",
         "triton-embedded/cross_encoder/1/model.py",
+        "triton-embedded/cross_encoder/1/grouping.py",
         "triton-embedded/cross_encoder/1/model.onnx",
         "gateway/manifest.json",
         "gateway/tokenizer.json",
@@ -74,8 +75,9 @@ def test_prepare_writes_the_triton_repositories_and_gateway_assets(prepared_mode
     production = prepared_models / "triton/cross_encoder/1/model.onnx"
     embedded = prepared_models / "triton-embedded/cross_encoder/1/model.onnx"
     assert production.read_bytes() == embedded.read_bytes()
-    package_model_py = Path(export.__file__).parent.parent / "modelserver" / "python_models" / "model.py"
-    assert (prepared_models / "triton-embedded/cross_encoder/1/model.py").read_text() == package_model_py.read_text()
+    package = Path(export.__file__).parent.parent / "modelserver" / "python_models"
+    for name in ("model.py", "grouping.py"):  # the model and the grouping it shares with the GPU variant, as shipped
+        assert (prepared_models / "triton-embedded/cross_encoder/1" / name).read_text() == (package / name).read_text()
 
     manifest = json.loads((prepared_models / "gateway/manifest.json").read_text())
     ce, bi = manifest["cross_encoder"], manifest["bi_encoder"]

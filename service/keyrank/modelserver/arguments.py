@@ -142,7 +142,7 @@ def missing_model_message(repository: Path, model: str) -> str:
     message = f"no Triton model {model!r} at {repository.resolve() / model / 'config.pbtxt'}"
     if not model_dir.is_absolute():
         message += f" (model dir {str(model_dir)!r} is relative to the current folder {Path.cwd()})"
-    checkout = Path(__file__).resolve().parents[2]  # the source tree of an editable install
+    checkout = Path(__file__).resolve().parents[3]  # the source tree of an editable install (service/keyrank/modelserver/)
     candidates = [Path.cwd() / "models", checkout / "models", Path.cwd().parent / "models"]
     found = [c.resolve() for c in candidates if (c / repository.name / model / "config.pbtxt").exists()]
     found = [c for c in dict.fromkeys(found) if c != model_dir.resolve()]

@@ -3,6 +3,7 @@
     out/triton-embedded-cuda/cross_encoder/config.pbtxt     python backend, device/dtype parameters
     out/triton-embedded-cuda/cross_encoder/1/model.py       modelserver/python_models/model_torch.py
     out/triton-embedded-cuda/cross_encoder/1/torch_encoder.py
+    out/triton-embedded-cuda/cross_encoder/1/grouping.py    the request grouping shared with model.py
     out/triton-embedded-cuda/cross_encoder/1/encoder.json   head, token types, yes/no ids (from the manifest)
     out/triton-embedded-cuda/cross_encoder/1/checkpoint/    the Hugging Face weights in the serving dtype
 
@@ -76,6 +77,7 @@ def write_gpu_repository(out: Path, ce: dict, checkpoint: Path, *, max_batch_siz
     code = Path(__file__).resolve().parent / "python_models"
     write_if_changed(version / "model.py", (code / "model_torch.py").read_text())
     write_if_changed(version / "torch_encoder.py", (code / "torch_encoder.py").read_text())
+    write_if_changed(version / "grouping.py", (code / "grouping.py").read_text())
     template = ce.get("template", {})
     spec = {
         "source": ce.get("source"), "fingerprint": ce.get("fingerprint"), "head": ce["head"],

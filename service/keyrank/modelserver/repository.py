@@ -91,7 +91,9 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
     embedded = out / "triton-embedded" / MODEL_NAME
     write_if_changed(embedded / "config.pbtxt", triton_config(backend="python", instances=instances, **shape))
     version = embedded / "1"
-    write_if_changed(version / "model.py", (Path(__file__).parent / "python_models" / "model.py").read_text())
+    code = Path(__file__).parent / "python_models"
+    for name in ("model.py", "grouping.py"):  # the model and the request grouping it shares with the GPU variant
+        write_if_changed(version / name, (code / name).read_text())
     source, target = production / "1" / "model.onnx", version / "model.onnx"
     if not _same_file(source, target):
         tmp = target.with_suffix(".onnx.tmp")

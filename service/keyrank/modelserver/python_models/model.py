@@ -3,22 +3,23 @@
 
 Copied into ``models/triton-embedded/cross_encoder/1/`` by `keyrank prepare`;
 it runs inside Triton's Python stub, so it imports nothing from keyrank.
-The dynamic batcher hands ``execute`` several requests at once; those with
-equal shapes (the gateway pads to length buckets) go through ONNX Runtime as
-one batch, and the outputs are split back per request.
+The dynamic batcher's requests are grouped by shape (``grouping.py``, shared
+with the GPU variant); each group runs through ONNX Runtime as one batch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # grouping.py lies beside this file
+from grouping import execute_grouped
 
 THREADS_ENV = "KEYRANK_EMBEDDED_ORT_THREADS"
 """Overrides the config's ``intra_op_thread_count`` parameter."""
@@ -45,42 +46,8 @@ class TritonPythonModel:
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def execute(self, requests: list) -> list:
-        responses: list = [None] * len(requests)
-        # A request whose client cancelled it (the gateway does when its caller hangs up) is not run.
-        live = []
-        for index, request in enumerate(requests):
-            if request.is_cancelled():
-                responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
-                )
-            else:
-                live.append(index)
-        feeds = {
-            index: {name: pb_utils.get_input_tensor_by_name(requests[index], name).as_numpy() for name in self.input_names}
-            for index in live
-        }
-        groups: dict[tuple, list[int]] = {}
-        for index, feed in feeds.items():
-            groups.setdefault(tuple(feed[name].shape[1:] for name in self.input_names), []).append(index)
-
-        for members in groups.values():
-            try:
-                batch = {name: np.concatenate([feeds[i][name] for i in members]) for name in self.input_names}
-                outputs = _run_unless_cancelled(self.session, self.output_names, batch, [requests[i] for i in members])
-                bounds = np.cumsum([feeds[i][self.input_names[0]].shape[0] for i in members])[:-1]
-                parts = [np.split(output.astype(np.float32, copy=False), bounds) for output in outputs]
-                for position, index in enumerate(members):
-                    tensors = [
-                        pb_utils.Tensor(name, np.ascontiguousarray(part[position]))
-                        for name, part in zip(self.output_names, parts)
-                    ]
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-            except Exception as exc:  # one bad group must not fail the other requests of the batch
-                for index in members:
-                    responses[index] = pb_utils.InferenceResponse(
-                        output_tensors=[], error=pb_utils.TritonError(f"cross_encoder: {exc}")
-                    )
-        return responses
+        return execute_grouped(requests, self.input_names, self.output_names,
+                               lambda batch, batch_requests: _run_unless_cancelled(self.session, self.output_names, batch, batch_requests))
 
     def finalize(self) -> None:
         self.session = None

@@ -16,10 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_encoder.py lies beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_encoder.py, grouping.py lie beside this file
+from grouping import execute_grouped
 from torch_encoder import TorchCrossEncoder
 
 SETTINGS = {"device": "KEYRANK_EMBEDDED_DEVICE", "dtype": "KEYRANK_EMBEDDED_DTYPE", "cuda_graphs": "KEYRANK_EMBEDDED_CUDA_GRAPHS"}
@@ -46,36 +45,12 @@ class TritonPythonModel:
         )
 
     def execute(self, requests: list) -> list:
-        responses: list = [None] * len(requests)
-        live = []
-        for index, request in enumerate(requests):
-            if request.is_cancelled():  # the gateway cancels when its caller hangs up
-                responses[index] = pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
-                )
-            else:
-                live.append(index)
-        feeds = {
-            index: {name: pb_utils.get_input_tensor_by_name(requests[index], name).as_numpy() for name in self.input_names}
-            for index in live
-        }
-        groups: dict[tuple, list[int]] = {}
-        for index, feed in feeds.items():
-            groups.setdefault(tuple(feed[name].shape[1:] for name in self.input_names), []).append(index)
-        for members in groups.values():
-            try:
-                batch = [np.concatenate([feeds[i][name] for i in members]) for name in ("input_ids", "attention_mask", "token_type_ids")]
-                logits, pooled = self.encoder(*batch)
-                outputs = {"logits": logits, "pooled": pooled}
-                bounds = np.cumsum([feeds[i]["input_ids"].shape[0] for i in members])[:-1]
-                parts = {name: np.split(outputs[name], bounds) for name in self.output_names}
-                for position, index in enumerate(members):
-                    tensors = [pb_utils.Tensor(name, np.ascontiguousarray(parts[name][position])) for name in self.output_names]
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
-            except Exception as exc:  # noqa: BLE001 -- one bad group must not fail the other requests of the batch
-                for index in members:
-                    responses[index] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"cross_encoder: {exc}"))
-        return responses
+        return execute_grouped(requests, self.input_names, self.output_names, self._run)
+
+    def _run(self, batch: dict, _requests: list) -> list:
+        logits, pooled = self.encoder(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        outputs = {"logits": logits, "pooled": pooled}
+        return [outputs[name] for name in self.output_names]
 
     def finalize(self) -> None:
         self.encoder = None
