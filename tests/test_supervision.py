@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_tree import BODY, start_serve, stop, stubs_of, tritonserver_of, wait_status
+from process_tree import BODY, alive, start_serve, stop, stubs_of, tritonserver_of, wait_status
 
 pytestmark = pytest.mark.triton
 
@@ -232,13 +232,8 @@ def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prep
                 time.sleep(0.1)
         finally:
             supervisor.stop()
-            if process_alive_(stub):
+            if alive(stub):
                 os.kill(stub, signal.SIGCONT)
         assert time.monotonic() - stopped > 1.5  # not before hang_after_s
         assert triton.admin.probe_inference(triton.model, timeout=10) is None
 
-
-def process_alive_(pid: int) -> bool:
-    from keyrank.modelserver.supervision import process_alive
-
-    return process_alive(pid)

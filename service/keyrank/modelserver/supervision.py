@@ -76,12 +76,6 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def process_alive(pid: int) -> bool:
-    """Running or sleeping; a zombie (dead, not yet reaped) is not alive."""
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
 class Stub(NamedTuple):
     """One Python backend stub as /proc shows it."""
 
