@@ -34,7 +34,7 @@ from keyrank.config import Settings
 from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.scoring import ModelInputs
-from keyrank.segment import Spans, blocks, token_break_costs, windows
+from keyrank.segment import Spans, blocks, per_document, token_break_costs, windows
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select import SELECTORS, get_selector
 from keyrank.select.bm25 import IdfTable, term_mask
@@ -290,7 +290,7 @@ class Pipeline:
             if selector_logits is None:
                 raise ValueError("the cross selector scores blocks with the model: pass its logits of cut.selector_inputs")
             logits = np.asarray(selector_logits, np.float64)
-            cut.block_scores = np.split(logits, np.cumsum([len(sp) for sp in cut.pieces])[:-1])
+            cut.block_scores = per_document(logits, cut.pieces)
         with timer.stage("assemble"):
             passages = self.assemble(cut.spec, cut.docs, cut.pieces, cut.block_scores, cut.budget, cut.selector)
             inputs = self.inputs(cut.query, cut.docs, passages)
@@ -308,14 +308,16 @@ class Pipeline:
     ) -> Plan:
         """Every CPU stage in order: ``cut`` then ``finish``. The cross selector needs ``cross_scorer``
         (block logits of ``Cut.selector_inputs``), which a synchronous caller supplies."""
+        timer = timer or StageTimer()
         cut = self.cut(query, documents, options, timer)
         logits = None
         if cut.awaits_model:
             if cross_scorer is None:
                 raise ValueError("the cross selector scores blocks with the model: pass cross_scorer")
-            with (timer or StageTimer()).stage("select"):
+            with timer.stage("select"):
                 logits = cross_scorer(cut.selector_inputs)
         return self.finish(cut, logits, timer)
+
 
 def load_template(manifest: dict, gateway: Path) -> InputTemplate:
     """The manifest's template; a manifest from before templates existed was always BERT-style."""

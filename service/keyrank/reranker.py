@@ -142,12 +142,12 @@ class Reranker:
         the scorer: once for the cross selector's blocks (keyb2/cross), once for the plan's sequences."""
         options = options or RerankOptions()
         _check(query, documents, options)
-        spec, _ = self.pipeline.resolve(options)  # unknown names refused before any work
         deadline = time.monotonic() + (options.timeout_s or self.settings.request_timeout_s)
         timer = StageTimer()
         p = self.pipeline
 
-        cut = await asyncio.to_thread(p.cut, query, documents, options, timer)
+        cut = await asyncio.to_thread(p.cut, query, documents, options, timer)  # resolves names first: refused before any work
+        spec = cut.spec
         logits = None
         if cut.awaits_model:
             with timer.stage("select"):

@@ -45,6 +45,11 @@ class Spans:
         return self.ends - self.starts
 
 
+def per_document(flat: np.ndarray, pieces: list[Spans]) -> list[np.ndarray]:
+    """Values of every piece of every document, flat in order, split back into one array per document."""
+    return np.split(flat, np.cumsum([len(sp) for sp in pieces])[:-1])
+
+
 def token_break_costs(tokenizer: TextTokenizer) -> np.ndarray:
     """Cost of a break right after each vocabulary entry (newlines come later, from the text)."""
     table = np.full(tokenizer.vocab_size, FORCED_COST, dtype=np.float64)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
+from keyrank.segment import Spans, per_document
 from keyrank.tokenize import TextTokenizer
 
 if TYPE_CHECKING:
     from keyrank.pipeline import Pipeline
-    from keyrank.segment import Spans
     from keyrank.tokenize import Encoded
 
 
@@ -139,4 +139,4 @@ def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list
     query_terms = query.ids[pipeline.is_term[query.ids]]
     s = pipeline.settings
     scores = bm25_scores(query_terms, flat, k1=s.bm25_k1, b=s.bm25_b, idf_table=pipeline.idf)
-    return np.split(scores, np.cumsum([len(sp) for sp in pieces])[:-1])
+    return per_document(scores, pieces)
