@@ -147,7 +147,7 @@ def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepare
 
     from keyrank.config import Settings
     from keyrank.modelserver.guard import ModelPathCheck, _handler
-    from keyrank.modelserver.supervision import TritonAdmin
+    from keyrank.modelserver.admin import TritonAdmin
     from keyrank.modelserver.embedded import EmbeddedTriton
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:

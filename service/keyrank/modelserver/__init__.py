@@ -8,6 +8,7 @@ Nothing on the request path imports this package except to start or reach it
   wheel: spawn, readiness, restart, stop, log tail.
 - ``arguments``: its command line, ports, work dir and environment.
 - ``supervision``: health checks of the model process and its repairs.
+- ``admin``: Triton's HTTP endpoint (health, repository, statistics, a probe inference), one client for all of them.
 - ``guard``: the sidecar that answers for the model path next to an external Triton.
 - ``repository``: writes the Triton repositories (``triton/`` for the onnxruntime
   backend, ``triton-embedded/`` for the Python backend on CPU).

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
-from keyrank.modelserver.supervision import Supervisor, TritonAdmin
+from keyrank.modelserver.admin import TritonAdmin
+from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.arguments import (
     PORT_SETTINGS,
     EmbeddedTritonError,

@@ -20,7 +20,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from keyrank.modelserver.supervision import HangClock, TritonAdmin
+from keyrank.modelserver.admin import TritonAdmin
+from keyrank.modelserver.supervision import HangClock
 
 log = logging.getLogger("keyrank.modelserver.guard")
 
