@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from keyrank.tokenize import TextTokenizer
+from keyrank.evaluation.splits import DEV_PERCENT
 from keyrank.training import splits
 from keyrank.training.judged import JudgedQuery, from_trec
 
@@ -144,7 +145,7 @@ def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[
     if config.trec is not None:
         f = config.trec
         queries = from_trec(f.qrels, f.docs, f.queries, run_path=f.run, depth=f.depth, relevant_from=f.relevant_from)
-        in_dev = lambda q: zlib.crc32((TREC_DEV_SALT + q.group).encode()) % 100 < splits.DEV_PERCENT
+        in_dev = lambda q: zlib.crc32((TREC_DEV_SALT + q.group).encode()) % 100 < DEV_PERCENT
         train += [q for q in queries if not in_dev(q)]
         dev += [q for q in queries if in_dev(q)]
     if not train:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from keyrank.evaluation import farrelevant, qmsum
-from keyrank.evaluation.splits import DEV_PERCENT, dl20_held_back, qmsum_dev_meeting
+from keyrank.evaluation.splits import dl20_held_back, qmsum_dev_meeting
 from keyrank.tokenize import TextTokenizer
 from keyrank.training.judged import JudgedQuery, from_eval
 
