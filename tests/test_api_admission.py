@@ -209,3 +209,23 @@ def test_measure_capacity(prepared_models, embedded_triton):
     print(f"\ncapacity: {measured:.2f} sequences/s (24 x one 300-word document, keyb2); the queue measured {drain_rate:.2f}")
     # The queue's own drain rate (what sizes its bound) tracks the wall-clock rate of the same flood.
     assert measured / 2 < drain_rate < measured * 2
+
+
+@pytest.mark.triton
+def test_a_request_too_costly_for_its_deadline_gets_a_422_at_once_over_http(prepared_models, embedded_triton):
+    # The case with the shipped defaults: 4 documents of ~18k tokens each, every window scored,
+    # ran the full 30 s and got a 503 whose "retry after 1 s" could never succeed.
+    settings = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url)
+    heavy = {"query": "cheese farm", "strategy": "maxp", "documents": [_words(18_000, seed) for seed in range(4)]}
+    with live_gateway(settings) as url, httpx.Client(base_url=url, timeout=60) as client:
+        started = time.monotonic()
+        refused = client.post("/rerank", json=heavy)
+        seconds = time.monotonic() - started
+        cheaper = client.post("/rerank", json={**heavy, "strategy": "keyb2"})
+    assert refused.status_code == 422, refused.text
+    assert seconds < 2.0, seconds  # refused at the door, before any scoring
+    body = refused.json()
+    assert "retry-after" not in refused.headers  # waiting never helps; changing the request does
+    message = str(body)
+    assert "max_tokens_per_doc" in message and "KEYRANK_REQUEST_TIMEOUT_S" in message and "keyb2" in message
+    assert cheaper.status_code == 200  # the advice works: the same documents through keyb2 are served
