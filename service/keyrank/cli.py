@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from importlib import metadata
 from pathlib import Path
 
+from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import Settings, get_settings
 
 _SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers")
+_IMPORT_NAMES = {"nvidia-pytriton": "pytriton", "scikit-learn": "sklearn", "pyyaml": "yaml", "pillow": "PIL"}
+"""Distributions whose import name is not their own name with dashes as underscores."""
+
+
+def extra_providing(module: str) -> str | None:
+    """The optional extra of keyrank (its installed metadata) whose distributions provide ``module``, if any."""
+    try:
+        requirements = metadata.requires("keyrank") or []
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return None
+    top = module.split(".")[0]
+    for line in requirements:
+        found = re.match(r"\s*([A-Za-z0-9._-]+).*;.*\bextra\s*==\s*['\"]([^'\"]+)['\"]", line)
+        if found:
+            name = found.group(1).lower().split("[")[0]
+            if _IMPORT_NAMES.get(name, name.replace("-", "_").replace(".", "_")) == top:
+                return found.group(2)
+    return None
+
+
+def _run_subcommand(command: str, run) -> int:
+    """Run a subcommand; a module of an optional extra that is not installed becomes one line and exit 2."""
+    try:
+        return run() or 0
+    except ModuleNotFoundError as exc:
+        extra = extra_providing(exc.name or "")
+        if extra is None:
+            raise
+        print(f"keyrank {command} needs the {extra} extra (no module named {exc.name!r}): pip install 'keyrank[{extra}]'",
+              file=sys.stderr)
+        return 2
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -26,12 +60,12 @@ def _serve_parser(commands: argparse._SubParsersAction, settings: Settings) -> N
         description="Run the HTTP gateway. Without --triton-url it starts and supervises an embedded CPU Triton "
         "(the nvidia-pytriton wheel's tritonserver) on free loopback ports. Every option can also be set "
         "as an environment variable KEYRANK_<NAME>; all other settings are listed in service/keyrank/config.py.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     serve.add_argument(
         "--triton-url", default=argparse.SUPPRESS if settings.triton_url is None else settings.triton_url,
-        help="host:port of an external Triton's gRPC endpoint (KEYRANK_TRITON_URL); "
-        + ("unset: start an embedded CPU Triton" if settings.triton_url is None else "default"),
+        help="host:port of an external Triton's gRPC endpoint (KEYRANK_TRITON_URL)"
+        + (" (default: unset, i.e. start an embedded CPU Triton)" if settings.triton_url is None else ""),
     )
     serve.add_argument("--host", default=settings.host, help="address the gateway binds (KEYRANK_HOST)")
     serve.add_argument("--port", type=int, default=settings.port, help="port of the gateway (KEYRANK_PORT)")
@@ -41,6 +75,40 @@ def _serve_parser(commands: argparse._SubParsersAction, settings: Settings) -> N
     )
     serve.add_argument("--workers", type=int, default=settings.workers, help="uvicorn worker processes (KEYRANK_WORKERS)")
     serve.set_defaults(run=_serve)
+
+
+def _guard(rest: list[str]) -> int:
+    from keyrank.modelserver.guard import main as guard_main
+
+    return guard_main(rest)
+
+
+def _prepare(rest: list[str]) -> int:
+    from keyrank.prepare.export import main as prepare_main
+
+    return prepare_main(rest)
+
+
+def _eval(rest: list[str]) -> int:
+    from keyrank.evaluation.cli import main as eval_main
+
+    return eval_main(rest)
+
+
+def _bench(rest: list[str]) -> int:
+    from keyrank.bench import main as bench_main
+
+    return bench_main(rest)
+
+
+def _finetune(rest: list[str]) -> int:
+    from keyrank.training.cli import main as finetune_main
+
+    return finetune_main(rest)
+
+
+_OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _guard, "finetune": _finetune}
+"""Subcommands that parse their own flags (their --help lists them with their defaults)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,32 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
     commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)
 
-    # prepare / eval / bench / guard own their flags: hand them the rest of the line.
-    if argv and argv[0] in ("prepare", "eval", "bench", "guard"):
+    # prepare / eval / bench / guard / finetune own their flags: hand them the rest of the line.
+    if argv and argv[0] in _OWN_FLAGS:
         command, rest = argv[0], argv[1:]
-        if command == "guard":
-            from keyrank.modelserver.guard import main as guard_main
-
-            return guard_main(rest)
-        if command == "prepare":
-            from keyrank.prepare.export import main as prepare_main
-
-            return prepare_main(rest) or 0
-        if command == "eval":
-            from keyrank.evaluation.cli import main as eval_main
-
-            return eval_main(rest) or 0
-        from keyrank.bench import main as bench_main
-
-        return bench_main(rest) or 0
-
-    if argv and argv[0] == "finetune":  # owns its flags too (keyrank.training.cli)
-        from keyrank.training.cli import main as finetune_main
-
-        return finetune_main(argv[1:])
+        return _run_subcommand(command, lambda: _OWN_FLAGS[command](rest))
 
     args = parser.parse_args(argv)
-    return args.run(args)
+    return _run_subcommand(args.command, lambda: args.run(args))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import SELECTORS, STRATEGIES, Settings
 from keyrank.evaluation import farrelevant, plots, qmsum, report, tasks
 from keyrank.evaluation.memo import MemoScorer
@@ -39,21 +40,21 @@ def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="keyrank eval", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="keyrank eval", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     p.add_argument("--task", nargs="+", default=["all"], help="qmsum | farrel (with its farrel-bare ceiling) | squad | all")
     p.add_argument("--split", default="val", help="QMSum split: val for reported numbers, train for development, train-dev for the train meetings finetune never trains on")
     p.add_argument("--strategies", nargs="+", default=[",".join(STRATEGIES)], help=f"subset of {', '.join(STRATEGIES)}")
     p.add_argument("--selectors", nargs="+", default=[",".join(SELECTORS)], help=f"keyb2 selectors: {', '.join(SELECTORS)}")
-    p.add_argument("--max-queries", type=int, default=None, help="per task, stratified by position bucket (far-relevant: topics x offsets)")
+    p.add_argument("--max-queries", type=int, default=None, help="per task, stratified by position bucket (far-relevant: topics x offsets); None = all")
     p.add_argument("--seed", type=int, default=0, help="constructions and sub-sampling are deterministic given it")
-    p.add_argument("--out", type=Path, default=None, help="output folder (default runs/eval-<time>)")
+    p.add_argument("--out", type=Path, default=None, help="output folder; None = runs/eval-<time>")
     p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="folder of qmsum/, trec-dl20-passage/, squad2-dev-half/")
-    p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare` (default: settings)")
+    p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare`; None = KEYRANK_MODEL_DIR (models)")
     p.add_argument("--triton-url", default=None, help="host:port of a running Triton (gRPC); unset = embedded CPU Triton")
     p.add_argument("--scorer", choices=("triton", "local"), default="triton",
                    help="triton: the service's path (embedded or --triton-url); local: ONNX Runtime in-process (same scores, tested)")
     p.add_argument("--no-memo", action="store_true",
-                   help="score every sequence every time (default: each distinct sequence once per run; wall times then "
+                   help="score every sequence every time (else each distinct sequence once per run; wall times then "
                         "favour systems that reuse another's windows, scored tokens do not change)")
     p.add_argument("--concurrency", type=int, default=1, help="queries in flight; 1 keeps per-query latency free of queueing")
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline per ranking request")

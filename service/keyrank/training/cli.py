@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.training.losses import LOSSES
 from keyrank.training.planned import TRAINABLE
 from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig, TrecFiles
@@ -31,51 +32,56 @@ def _ints(text: str) -> tuple[int, ...]:
 def parser() -> argparse.ArgumentParser:
     d = FinetuneConfig(model="", out=Path())
     p = argparse.ArgumentParser(prog="keyrank finetune", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id")
-    p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...)")
-    p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy)
+                                formatter_class=DefaultsHelpFormatter)
+    p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id (required)")
+    p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
+    p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
+                   help="what is trained: the scorer for keyb2/maxp/firstp, the aggregator for parade-*")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
-    data = p.add_argument_group("data (any mix)")
-    data.add_argument("--task", nargs="+", choices=TASKS, default=[], help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics")
-    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
+    data.add_argument("--task", nargs="+", choices=TASKS, default=[],
+                      help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics")
+    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                      help="folder of qmsum/ and trec-dl20-passage/ for --task (KEYRANK_EVAL_DATA_DIR)")
     data.add_argument("--farrel-seeds", type=_ints, default=d.farrel_seeds, help="far-relevant constructions per topic, e.g. 0,1,2")
-    data.add_argument("--farrel-offsets", type=_ints, default=d.farrel_offsets)
-    data.add_argument("--qrels", type=Path, help="TREC qrels (qid 0 docid grade)")
-    data.add_argument("--docs", type=Path, help='JSONL {"id", "text"} documents')
-    data.add_argument("--queries", type=Path, help="TSV qid<TAB>text or JSONL {id, text}")
+    data.add_argument("--farrel-offsets", type=_ints, default=d.farrel_offsets,
+                      help="token offsets of the relevant insert in far-relevant documents, e.g. 0,512,1024")
+    data.add_argument("--qrels", type=Path, help="TREC qrels (qid 0 docid grade); with --docs and --queries")
+    data.add_argument("--docs", type=Path, help='JSONL {"id", "text"} documents; with --qrels and --queries')
+    data.add_argument("--queries", type=Path, help="TSV qid<TAB>text or JSONL {id, text}; with --qrels and --docs")
     data.add_argument("--run", type=Path, help="optional TREC run: its top --depth join the candidates")
-    data.add_argument("--depth", type=int, default=100)
+    data.add_argument("--depth", type=int, default=100, help="documents of --run read per query")
     data.add_argument("--relevant-from", type=int, default=1, help="lowest relevant grade (TREC DL: 2)")
-    data.add_argument("--max-queries", type=int, default=None, help="seeded subset of the training queries")
+    data.add_argument("--max-queries", type=int, default=None, help="seeded subset of the training queries; None = all")
     train = p.add_argument_group("training")
-    train.add_argument("--loss", choices=LOSSES, default=d.loss)
-    train.add_argument("--margin", type=float, default=d.margin)
-    train.add_argument("--negatives", type=int, default=d.negatives)
-    train.add_argument("--distill", type=float, default=d.distill, help="weight of distillation from the base model's MaxP scores")
-    train.add_argument("--temperature", type=float, default=d.temperature)
-    train.add_argument("--epochs", type=int, default=d.epochs)
-    train.add_argument("--max-groups", type=int, default=d.max_groups, help="groups per epoch at most")
-    train.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
-    train.add_argument("--sequences-per-forward", type=int, default=d.sequences_per_forward)
-    train.add_argument("--lr", type=float, default=d.lr)
-    train.add_argument("--aggregator-lr", type=float, default=None, help="PARADE aggregator (default 1e-3 Attn, 1e-4 Transformer)")
-    train.add_argument("--warmup", type=float, default=d.warmup)
+    train.add_argument("--loss", choices=LOSSES, default=d.loss, help="listwise: softmax CE over a group; hinge: KeyB's pairwise")
+    train.add_argument("--margin", type=float, default=d.margin, help="hinge margin")
+    train.add_argument("--negatives", type=int, default=d.negatives, help="non-relevant documents sampled per group")
+    train.add_argument("--distill", type=float, default=d.distill, help="weight of distillation from the base model's MaxP scores (0 = off)")
+    train.add_argument("--temperature", type=float, default=d.temperature, help="softmax temperature of the distillation term")
+    train.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training queries")
+    train.add_argument("--max-groups", type=int, default=d.max_groups, help="groups per epoch at most; None = every trainable query once")
+    train.add_argument("--groups-per-step", type=int, default=d.groups_per_step, help="groups per optimizer step (gradient accumulation)")
+    train.add_argument("--sequences-per-forward", type=int, default=d.sequences_per_forward,
+                       help="most sequences in one forward pass (memory)")
+    train.add_argument("--lr", type=float, default=d.lr, help="encoder learning rate (AdamW)")
+    train.add_argument("--aggregator-lr", type=float, default=None, help="PARADE aggregator learning rate; None = 1e-3 Attn, 1e-4 Transformer")
+    train.add_argument("--warmup", type=float, default=d.warmup, help="share of steps with a linear warm-up, then linear decay to 0")
     train.add_argument("--attention-dropout", type=float, default=d.attention_dropout, help="attention dropout while training (-1 = the checkpoint's)")
-    train.add_argument("--train-encoder", action="store_true", help="PARADE: train the cross-encoder too (default: frozen, cached pooled vectors)")
-    train.add_argument("--cache-dir", type=Path, default=None, help="teacher scores / pooled vectors (default out/cache); shareable between runs")
-    train.add_argument("--seed", type=int, default=d.seed)
-    train.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="optimizer steps")
-    train.add_argument("--stop-after-steps", type=int, default=None, help="end after N steps (state saved); run again to continue")
+    train.add_argument("--train-encoder", action="store_true", help="PARADE: train the cross-encoder too (else frozen, cached pooled vectors)")
+    train.add_argument("--cache-dir", type=Path, default=None, help="teacher scores / pooled vectors, shareable between runs; None = out/cache")
+    train.add_argument("--seed", type=int, default=d.seed, help="seeds sampling, dropout and initialisation")
+    train.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="optimizer steps between resumable checkpoints")
+    train.add_argument("--stop-after-steps", type=int, default=None, help="end after N steps (state saved), run again to continue; None = run to the end")
     train.add_argument("--restart", action="store_true", help="ignore out/state/latest.pt and start over")
-    train.add_argument("--dev-max-queries", type=int, default=d.dev_max_queries)
-    train.add_argument("--threads", type=int, default=None)
-    train.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    train.add_argument("--dev-max-queries", type=int, default=d.dev_max_queries, help="dev queries scored after each epoch; None = all")
+    train.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the cores this process may use")
+    train.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where to train; None = cuda when available")
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="pipeline setting (as KEYRANK_<NAME>), e.g. --set keyb2_budget_tokens=480; serve with the same")
     p.add_argument("--install-into", type=Path, default=None,
-                   help="PARADE: copy the trained aggregator into this prepared model dir's gateway/")
-    p.add_argument("--no-progress", action="store_true")
+                   help="PARADE: copy the trained aggregator into this prepared model dir's gateway/; None = leave it in out/")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
 
