@@ -238,5 +238,5 @@ def _freeze(*arrays: np.ndarray) -> None:
 def _cut(ids: np.ndarray, offsets: np.ndarray, text: str, max_tokens: int | None) -> Encoded:
     """The document as the pipeline sees it: the first ``max_tokens`` tokens (views, no copy)."""
     if max_tokens is not None and ids.shape[0] > max_tokens:
-        return Encoded(ids=ids[:max_tokens], offsets=offsets[:max_tokens], text=text, truncated=True)
+        return Encoded(ids=ids[:max_tokens], offsets=offsets[:max_tokens], text=text, truncated=True, full_length=int(ids.shape[0]))
     return Encoded(ids=ids, offsets=offsets, text=text)

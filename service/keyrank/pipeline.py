@@ -132,10 +132,21 @@ class Plan(Cut):
         return np.fromiter((p.doc for p in self.passages), dtype=np.int64, count=len(self.passages))
 
     @property
+    def coverage(self) -> list[tuple[int, int]]:
+        """Per document: (tokens the model read, tokens the document has). Read = the union of its
+        passages' token ranges (keyb2: the selected blocks; windowed: every window scored; firstp: the
+        prefix); has = the whole text, before ``max_tokens_per_doc``."""
+        read = [np.zeros(len(d), dtype=bool) for d in self.docs]
+        for p in self.passages:
+            for a, b in zip(p.starts.tolist(), p.ends.tolist()):
+                read[p.doc][a:b] = True
+        return [(int(mask.sum()), d.total_tokens) for mask, d in zip(read, self.docs)]
+
+    @property
     def truncated(self) -> list[bool]:
-        """Per document: tokens past a cap (``max_tokens_per_doc``, the window cap) were not read."""
-        windowed = self.spec.windowed
-        return [d.truncated or (windowed and self.pieces[i].truncated) for i, d in enumerate(self.docs)]
+        """Per document: the model did not read all of it (a prefix, chosen blocks, capped windows, a
+        ``max_tokens_per_doc`` cut)."""
+        return [seen < total for seen, total in self.coverage]
 
 
 class Pipeline:

@@ -58,7 +58,12 @@ class RankedDocument:
     evidence: list[Evidence]
     """What the score rests on (selected blocks, best window, or the first passage)."""
     truncated: bool
-    """Tokens past ``max_tokens_per_doc`` or the window cap were not read."""
+    """The model did not read the whole document: ``read_tokens < document_tokens``."""
+    read_tokens: int = 0
+    """Document tokens the score rests on (keyb2: the selected blocks; windowed strategies: the union of
+    the windows scored; firstp: the prefix)."""
+    document_tokens: int = 0
+    """Tokens the whole document has (before ``max_tokens_per_doc``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +79,7 @@ class Usage:
     scored_sequences: int
     """Sequences sent to the cross-encoder (the cross selector's included)."""
     truncated_documents: int
-    """Documents not read to the end."""
+    """Documents the model did not read whole (``RankedDocument.truncated``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,9 +174,10 @@ class Reranker:
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
-            truncated = plan.truncated
+            coverage = plan.coverage
+            truncated = [read < total for read, total in coverage]
             results = [
-                RankedDocument(i, float(folded.scores[i]), _evidence(docs[i], passages[folded.best[i]]), truncated[i])
+                RankedDocument(i, float(folded.scores[i]), _evidence(docs[i], passages[folded.best[i]]), truncated[i], *coverage[i])
                 for i in range(len(docs))
             ]
             results.sort(key=lambda r: (-r.score, r.index))

@@ -26,6 +26,13 @@ class Encoded:
     """The caller's text, unchanged: offsets slice it."""
     truncated: bool = False
     """True when tokens past a limit were dropped."""
+    full_length: int | None = None
+    """Tokens of the whole text before any cut (None: nothing was cut, ``len(ids)``)."""
+
+    @property
+    def total_tokens(self) -> int:
+        """Tokens the whole text has, read or not (coverage: a result reads some of them)."""
+        return len(self) if self.full_length is None else self.full_length
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -83,8 +90,9 @@ class TextTokenizer:
                 keep = ~np.isin(ids, self.special_ids)
                 if not keep.all():
                     ids, offsets = ids[keep], offsets[keep]
-            truncated = max_tokens is not None and ids.shape[0] > max_tokens
+            full_length = int(ids.shape[0])
+            truncated = max_tokens is not None and full_length > max_tokens
             if truncated:
                 ids, offsets = ids[:max_tokens], offsets[:max_tokens]
-            out.append(Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated))
+            out.append(Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated, full_length=full_length if truncated else None))
         return out

@@ -95,7 +95,13 @@ class RerankResult(Wire):
     document: DocumentOut | None = None
     """The document; with return_documents."""
     truncated: bool
-    """True when part of the document was not read (max_tokens_per_doc or the window cap)."""
+    """True whenever the model did not read the whole document (read_tokens < document_tokens): firstp read a
+    prefix, keyb2 chose some blocks, windows were capped (KEYRANK_MAX_WINDOWS_PER_DOC), or max_tokens_per_doc cut it."""
+    read_tokens: int
+    """Tokens of the document the score rests on: keyb2's selected blocks, the union of the windows scored
+    (maxp, sump, avgp, parade-*), firstp's prefix."""
+    document_tokens: int
+    """Tokens the whole document has (the model's tokenizer, before max_tokens_per_doc)."""
 
 
 class UsageOut(Wire):
@@ -110,7 +116,7 @@ class UsageOut(Wire):
     scored_sequences: int
     """Sequences sent to the cross-encoder (the cross selector's included)."""
     truncated_documents: int
-    """Documents not read to the end."""
+    """Documents the model did not read whole (results with truncated: true)."""
 
 
 class TimingsOut(Wire):

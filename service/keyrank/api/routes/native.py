@@ -65,4 +65,6 @@ def _result(ranked: RankedDocument, text: str, doc_id: str | None, body: RerankR
         evidence=evidence,
         document=DocumentOut(text=text) if body.return_documents else None,
         truncated=ranked.truncated,
+        read_tokens=ranked.read_tokens,
+        document_tokens=ranked.document_tokens,
     )
