@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from importlib import metadata
@@ -16,25 +17,41 @@ _IMPORT_NAMES = {"nvidia-pytriton": "pytriton", "scikit-learn": "sklearn", "pyya
 """Distributions whose import name is not their own name with dashes as underscores."""
 
 
-def extra_providing(module: str) -> str | None:
-    """The optional extra of keyrank (its installed metadata) whose distributions provide ``module``, if any."""
+def _extra_modules() -> list[tuple[str, str]]:
+    """(extra, import name) for every distribution of keyrank's optional extras, from its installed metadata."""
     try:
         requirements = metadata.requires("keyrank") or []
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return None
-    top = module.split(".")[0]
+        return []
+    pairs = []
     for line in requirements:
         found = re.match(r"\s*([A-Za-z0-9._-]+).*;.*\bextra\s*==\s*['\"]([^'\"]+)['\"]", line)
         if found:
-            name = found.group(1).lower().split("[")[0]
-            if _IMPORT_NAMES.get(name, name.replace("-", "_").replace(".", "_")) == top:
-                return found.group(2)
-    return None
+            name = found.group(1).lower()
+            pairs.append((found.group(2), _IMPORT_NAMES.get(name, name.replace("-", "_").replace(".", "_"))))
+    return pairs
+
+
+def extra_providing(module: str) -> str | None:
+    """The optional extra whose distributions provide ``module`` (``a.b`` counts as ``a``), if any."""
+    top = module.split(".")[0]
+    return next((extra for extra, name in _extra_modules() if name == top), None)
+
+
+_NEEDS = {"eval": ("eval",), "finetune": ("export", "eval")}
+"""Extras a subcommand cannot run without: checked before it starts, not where it first imports one, minutes in."""
+
+
+def _check_extras(command: str) -> None:
+    for extra, module in _extra_modules():
+        if extra in _NEEDS.get(command, ()) and importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
 def _run_subcommand(command: str, run) -> int:
     """Run a subcommand; a module of an optional extra that is not installed becomes one line and exit 2."""
     try:
+        _check_extras(command)
         return run() or 0
     except ModuleNotFoundError as exc:
         extra = extra_providing(exc.name or "")
