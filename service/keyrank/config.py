@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     model_name: str | None = Field(None, description="What answers report as `model`; unset = the prepared model's folder name or hub id.")
     default_strategy: Strategy = "keyb2"
     default_selector: Selector = "bm25"
+    playground: bool = Field(True, description="Serve the /playground page (a ranking with its evidence highlighted), behind api_key when one is set; false = 404.")
 
     # --- embedded Triton (keyrank serve without --triton-url) ---------------
     embedded_http_port: int = Field(0, description="Embedded Triton HTTP port (loopback only); 0 = a free port, a taken one fails at start.")
