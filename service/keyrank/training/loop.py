@@ -239,6 +239,9 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     run = _Run(c)
     log = lambda msg: print(f"[finetune] {msg}", file=sys.stderr, flush=True)
     train_j, dev_j = load_judged(c, run.pipeline.tokenizer)
+    if not dev_j:
+        log("warning: the dev set is empty (no held-out query with a relevant and a non-relevant candidate): no dev "
+            "metric, and the last epoch is kept; give more queries or --dev-max-queries > 0")
     selector = c.selector if run.spec.needs_selector else None
     cross = None
     if selector == "cross":  # blocks selected by the base model, as served before fine-tuning

@@ -152,5 +152,12 @@ def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[
         raise ValueError("no training data: name --task qmsum/farrel or give --qrels/--docs/--queries")
     if config.max_queries is not None and len(train) > config.max_queries:
         train = random.Random(config.seed).sample(train, config.max_queries)
+    if not any(q.trainable for q in train):
+        # Training on it would take 0 steps and hand back the base model as if it were the result.
+        raise ValueError(
+            f"nothing to train on: none of the {len(train)} training queries has both a relevant and a non-relevant "
+            "candidate; give each query judged non-relevant documents (grade 0, or a --run whose unjudged top documents "
+            "count as non-relevant), check --relevant-from, or raise --max-queries"
+        )
     dev = sorted((q for q in dev if q.trainable), key=lambda q: zlib.crc32(q.qid.encode()))[: config.dev_max_queries]
     return train, dev
