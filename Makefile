@@ -11,7 +11,7 @@ TORCH ?= torch==2.13.0
 # `make run` installs only what serving (and `keyrank prepare`'s export) needs; tests, load tests
 # and eval add their extras through install-dev.
 RUN_EXTRAS ?= export,embedded,dense
-EXTRAS ?= $(RUN_EXTRAS),eval,loadtest,test,clients
+EXTRAS ?= $(RUN_EXTRAS),eval,loadtest,test,clients,idf
 PYTEST_ARGS ?=
 
 .PHONY: install install-dev prepare run test test-fast bench eval deploy-check tools loadtest clean
