@@ -1,23 +1,30 @@
-"""The OpenAPI page tells the truth about the vendor routes' fields: a field whose description says it is
-ignored is named in X-Keyrank-Ignored-Fields (``ignored_fields``, the header's one source), and a field
-whose description says it acts is not."""
+"""The OpenAPI page tells the truth about the vendor routes' fields, on every dialect (Jina/Cohere v1, Cohere
+v2, TEI, Infinity): a field whose description says it is ignored is named in X-Keyrank-Ignored-Fields
+(``ignored_fields``, the header's one source), and a field whose description says it acts is not."""
 
 from __future__ import annotations
 
 import pytest
 from keyrank.api.routes.compat import ignored_fields
 from keyrank.schemas.compat import CohereRerankRequest, V1RerankRequest
+from keyrank.schemas.dialects import INFINITY_DEFAULT_MODEL, InfinityRerankRequest, TeiRerankRequest
 
 # A value each field accepts (the required query/documents/model are always sent).
 VALUES = {"top_n": 1, "return_documents": True, "rank_fields": ["text"], "max_tokens_per_doc": 100,
-          "max_chunks_per_doc": 2, "return_embeddings": True, "priority": 1}
-BASE = {"query": "q", "documents": ["d"], "model": "served"}
+          "max_chunks_per_doc": 2, "return_embeddings": True, "priority": 1, "return_evidence": True,
+          "raw_scores": True, "return_text": True, "truncate": True, "truncation_direction": "Left"}
+BASES = {
+    V1RerankRequest: {"query": "q", "documents": ["d"], "model": "served"},
+    CohereRerankRequest: {"query": "q", "documents": ["d"], "model": "served"},
+    TeiRerankRequest: {"query": "q", "texts": ["d"]},
+    InfinityRerankRequest: {"query": "q", "documents": ["d"], "model": "served"},
+}
 
 
 def _cases():
-    for schema in (V1RerankRequest, CohereRerankRequest):
+    for schema, base in BASES.items():
         for name, field in schema.model_fields.items():
-            if name in BASE:
+            if name in base:
                 continue
             for strategy in ("maxp", "keyb2"):
                 yield pytest.param(schema, name, field.description or "", strategy, id=f"{schema.__name__}.{name}.{strategy}")
@@ -35,11 +42,28 @@ def _documented_as_ignored(description: str, strategy: str) -> bool:
 @pytest.mark.parametrize(("schema", "name", "description", "strategy"), list(_cases()))
 def test_every_vendor_fields_description_agrees_with_the_ignored_fields_header(schema, name, description, strategy):
     assert description, f"{schema.__name__}.{name} has no description on the OpenAPI page"
-    body = schema.model_validate({**BASE, name: VALUES[name]})
+    body = schema.model_validate({**BASES[schema], name: VALUES[name]})
     named = name in ignored_fields(body, "served", strategy)
     assert named == _documented_as_ignored(description, strategy), (description, strategy)
 
 
-def test_another_models_name_is_named_and_the_served_one_is_not():
-    assert ignored_fields(V1RerankRequest.model_validate({**BASE, "model": "other"}), "served", "keyb2") == ["model"]
-    assert ignored_fields(V1RerankRequest.model_validate(BASE), "served", "keyb2") == []
+def test_every_dialect_is_checked():
+    """A field added to a dialect without a value here fails above (KeyError); a new dialect must join BASES."""
+    assert {s.__name__ for s in BASES} == {"V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest"}
+
+
+@pytest.mark.parametrize("schema", [V1RerankRequest, CohereRerankRequest, InfinityRerankRequest])
+def test_another_models_name_is_named_and_the_served_one_is_not(schema):
+    base = BASES[schema]
+    assert ignored_fields(schema.model_validate({**base, "model": "other"}), "served", "keyb2") == ["model"]
+    assert ignored_fields(schema.model_validate(base), "served", "keyb2") == []
+
+
+def test_infinitys_placeholder_model_names_no_model():
+    body = InfinityRerankRequest.model_validate({"query": "q", "documents": ["d"]})
+    assert body.model == INFINITY_DEFAULT_MODEL and ignored_fields(body, "served", "keyb2") == []
+
+
+def test_tei_has_no_model_field_so_a_model_is_an_unknown_field():
+    body = TeiRerankRequest.model_validate({"query": "q", "texts": ["d"], "model": "bge"})
+    assert ignored_fields(body, "served", "keyb2") == ["model"]

@@ -15,6 +15,7 @@ from keyrank.api.limits import openapi_limits
 from keyrank.api.middleware import ApiKeyGate, BodyLimit, RequestId
 from keyrank.api.probes import router as probes
 from keyrank.api.routes.compat import router as compat_routes
+from keyrank.api.routes.dialects import router as dialect_routes
 from keyrank.api.routes.native import router as native_routes
 from keyrank.config import Settings, get_settings
 from keyrank.reranker import Reranker
@@ -52,6 +53,7 @@ def create_app(settings: Settings | None = None, reranker: Reranker | None = Non
     app.include_router(probes)
     app.include_router(native_routes)
     app.include_router(compat_routes)
+    app.include_router(dialect_routes)
     mount_docs(app)
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app

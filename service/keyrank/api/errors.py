@@ -3,7 +3,9 @@
 - keyrank's routes: ``{"error": {type, message, field, request_id, details}}``;
 - /v1/rerank (Jina and Cohere v1 clients): ``{"detail", "message", "error"}``: Jina's clients read
   ``detail``, Cohere's ``message``;
-- /v2/rerank (Cohere v2): ``{"id", "message", "error"}``.
+- /v2/rerank (Cohere v2): ``{"id", "message", "error"}``;
+- /tei/* (text-embeddings-inference): ``{"error": message, "error_type", "field", "request_id"}``;
+- /infinity/* (Infinity's generated client): ``{"detail": [{"loc", "msg", "type"}], "message", "error"}``.
 
 Messages name what the caller can fix; they never carry internal addresses, paths or stack traces
 (those go to the log, with the request id). 429 and 503 carry ``Retry-After``.
@@ -30,11 +32,17 @@ from keyrank.errors import (
     Overloaded,
     ScoringUnavailable,
 )
-from keyrank.schemas import CohereErrorResponse, ErrorResponse, V1ErrorResponse
+from keyrank.schemas import (
+    CohereErrorResponse,
+    ErrorResponse,
+    InfinityErrorResponse,
+    TeiErrorResponse,
+    V1ErrorResponse,
+)
 
 log = logging.getLogger("keyrank.api")
 
-RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank", "/tei/rerank", "/infinity/rerank")
 CLIENT_CLOSED = 499
 """nginx's status for a request whose client went away: logged and counted, never read by anyone."""
 
@@ -61,6 +69,10 @@ def documented_errors(model: type) -> dict[int | str, dict[str, Any]]:
 NATIVE_ERRORS = documented_errors(ErrorResponse)
 V1_ERRORS = documented_errors(V1ErrorResponse)
 V2_ERRORS = documented_errors(CohereErrorResponse)
+TEI_ERRORS = documented_errors(TeiErrorResponse)
+INFINITY_ERRORS = documented_errors(InfinityErrorResponse)
+_TEI_ERROR_TYPES = {429: "Overloaded", 503: "Unhealthy"}
+"""TEI's error_type of a status; other 4xx are "Validation", other 5xx "Backend"."""
 
 
 def record(request: Request, outcome: str) -> None:
@@ -91,6 +103,12 @@ def error_response(
         body: dict[str, Any] = {"detail": message, "message": message, "error": error}
     elif path == "/v2/rerank":
         body = {"id": request_id, "message": message, "error": error}
+    elif path.startswith("/tei/"):
+        tei_type = _TEI_ERROR_TYPES.get(status, "Validation" if status < 500 else "Backend")
+        body = {"error": message, "error_type": tei_type, "field": field, "request_id": request_id}
+    elif path.startswith("/infinity/"):
+        loc = ["body", *(field.split(".") if field else [])]
+        body = {"detail": [{"loc": loc, "msg": message, "type": kind}], "message": message, "error": error}
     else:
         body = {"error": error}
     return JSONResponse(body, status_code=status, headers=headers)

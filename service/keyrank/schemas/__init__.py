@@ -1,12 +1,15 @@
 """Wire format of the HTTP API: requests and responses, apart from any logic.
 
-One module per dialect, like api/routes/: native.py, compat.py, errors.py; common.py holds
-what they share.
+One module per dialect, like api/routes/: native.py, compat.py, dialects.py, errors.py; common.py
+holds what they share.
 
-Three dialects map onto the same pipeline:
+These dialects map onto the same pipeline:
 - ``POST /rerank``: keyrank's own shape (strategy, selector, evidence, timings);
 - ``POST /v1/rerank``: Jina AI's rerank shape, and Cohere's v1 shape that extends it;
-- ``POST /v2/rerank``: Cohere's v2 rerank shape.
+- ``POST /v2/rerank``: Cohere's v2 rerank shape;
+- ``POST /tei/rerank``, ``GET /tei/info``: Hugging Face text-embeddings-inference's;
+- ``POST /infinity/rerank``, ``GET /infinity/models``: Infinity's;
+- ``GET /v1/models``: OpenAI's model list.
 
 Each field's docstring is its description on the OpenAPI page
 (``use_attribute_docstrings``). Requests are validated in strict mode: a value
@@ -21,6 +24,8 @@ checks them and the OpenAPI schema carries them as maxItems/maxLength
 
 from keyrank.schemas.compat import (
     CohereApiVersion,
+    Coverage,
+    EvidenceSpan,
     CohereBilledUnits,
     CohereMeta,
     CohereRerankRequest,
@@ -32,10 +37,26 @@ from keyrank.schemas.compat import (
     VendorDocumentOut,
     VendorResult,
 )
+from keyrank.schemas.dialects import (
+    InfinityModel,
+    InfinityModels,
+    InfinityRerankRequest,
+    InfinityRerankResponse,
+    InfinityResult,
+    InfinityUsage,
+    ModelCard,
+    ModelList,
+    TeiInfo,
+    TeiRank,
+    TeiRerankRequest,
+    TeiRerankResponse,
+)
 from keyrank.schemas.errors import (
     CohereErrorResponse,
     ErrorBody,
     ErrorResponse,
+    InfinityErrorResponse,
+    TeiErrorResponse,
     V1ErrorResponse,
 )
 from keyrank.schemas.native import (
@@ -51,7 +72,10 @@ from keyrank.schemas.native import (
 
 __all__ = [
     "CohereApiVersion", "CohereBilledUnits", "CohereErrorResponse", "CohereMeta", "CohereRerankRequest",
-    "CohereRerankResponse", "DocumentIn", "DocumentOut", "ErrorBody", "ErrorResponse", "EvidenceOut", "JinaUsage",
-    "RerankRequest", "RerankResponse", "RerankResult", "TimingsOut", "UsageOut", "V1ErrorResponse",
-    "V1RerankRequest", "V1RerankResponse", "VendorDocument", "VendorDocumentOut", "VendorResult",
+    "CohereRerankResponse", "Coverage", "DocumentIn", "DocumentOut", "ErrorBody", "ErrorResponse", "EvidenceOut",
+    "EvidenceSpan", "InfinityErrorResponse", "InfinityModel", "InfinityModels", "InfinityRerankRequest",
+    "InfinityRerankResponse", "InfinityResult", "InfinityUsage", "JinaUsage", "ModelCard", "ModelList",
+    "RerankRequest", "RerankResponse", "RerankResult", "TeiErrorResponse", "TeiInfo", "TeiRank", "TeiRerankRequest",
+    "TeiRerankResponse", "TimingsOut", "UsageOut", "V1ErrorResponse", "V1RerankRequest", "V1RerankResponse",
+    "VendorDocument", "VendorDocumentOut", "VendorResult",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -27,9 +27,14 @@ class StrictRequest(Wire):
 
 
 class VendorRequest(Wire):
-    """Jina/Cohere requests: types are not coerced; unknown fields are accepted and reported as ignored."""
+    """Other servers' requests (Jina, Cohere, TEI, Infinity): types are not coerced; unknown fields are accepted
+    and reported as ignored (api/routes/compat.py's ``ignored_fields``)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="allow", strict=True)
+    ignored_when_sent: ClassVar[frozenset[str]] = frozenset({"return_embeddings", "priority"})
+    """The dialect's fields accepted for compatibility that change nothing here."""
+    unnamed_models: ClassVar[frozenset[str]] = frozenset()
+    """``model`` values that name no model (a client's placeholder): never reported as another model."""
 
 
 WHITESPACE = r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"

@@ -58,6 +58,9 @@ class V1RerankRequest(VendorRequest):
     under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
     return_embeddings: bool | None = None
     """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
+    return_evidence: bool = False
+    """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
+    document_tokens); clients that do not know these fields still parse the answer."""
 
     _query_not_blank = field_validator("query")(non_blank)
 
@@ -71,7 +74,31 @@ class VendorDocumentOut(Wire):
     """The document text (for a string document)."""
 
 
-class VendorResult(Wire):
+class EvidenceSpan(Wire):
+    """A span of the caller's document that the score rests on."""
+
+    start: int
+    """Character offset of the span's start in the document text (for object documents: the text read)."""
+    end: int
+    """Character offset one past the span's end."""
+
+
+class Coverage(Wire):
+    """keyrank's extension fields of a vendor result, present only when the request sent
+    ``return_evidence: true`` (clients that do not know them ignore them)."""
+
+    evidence: list[EvidenceSpan] | None = None
+    """Spans read for the score (keyb2: selected blocks; maxp: best window); with return_evidence."""
+    truncated: bool | None = None
+    """True whenever the model did not read the whole document (read_tokens < document_tokens); with return_evidence."""
+    read_tokens: int | None = None
+    """Tokens of the document the score rests on (keyb2: the selected blocks; windowed strategies: the windows
+    scored; firstp: the prefix); with return_evidence."""
+    document_tokens: int | None = None
+    """Tokens the whole document has; with return_evidence."""
+
+
+class VendorResult(Coverage):
     """One ranked document, Jina/Cohere shape."""
 
     index: int
@@ -156,6 +183,9 @@ class CohereRerankRequest(VendorRequest):
     max_chunks_per_doc: Count | None = None
     """The most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
     under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
+    return_evidence: bool = False
+    """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
+    document_tokens); clients that do not know these fields still parse the answer."""
 
     _query_not_blank = field_validator("query")(non_blank)
 

@@ -1,4 +1,5 @@
-"""Error answers: keyrank's own shape and the vendors' (Jina reads ``detail``, Cohere ``message``)."""
+"""Error answers: keyrank's own shape and the vendors' (Jina reads ``detail``, Cohere ``message``, TEI ``error``,
+Infinity's generated client FastAPI's ``detail`` list)."""
 
 from __future__ import annotations
 
@@ -50,5 +51,40 @@ class CohereErrorResponse(Wire):
     """The request id."""
     message: str
     """What went wrong (Cohere's field)."""
+    error: ErrorBody
+    """keyrank's structured error."""
+
+
+class TeiErrorResponse(Wire):
+    """4xx/5xx of /tei/*, TEI's shape."""
+
+    error: str
+    """What went wrong (TEI's field)."""
+    error_type: str
+    """TEI's error kind: Validation (4xx from the request), Overloaded (429), Unhealthy (503), Backend (500)."""
+    field: str | None = None
+    """The request field at fault."""
+    request_id: str | None = None
+    """Quote it when reporting a problem; it is in the server's log."""
+
+
+class ValidationDetail(Wire):
+    """One entry of FastAPI's validation error list."""
+
+    loc: list[str | int]
+    """Where: "body" and the field's path."""
+    msg: str
+    """What was wrong."""
+    type: str
+    """keyrank's error kind."""
+
+
+class InfinityErrorResponse(Wire):
+    """4xx/5xx of /infinity/*: FastAPI's ``detail`` list (what Infinity's generated client parses), and keyrank's error."""
+
+    detail: list[ValidationDetail]
+    """One entry naming the field at fault ("body" when none)."""
+    message: str
+    """What went wrong."""
     error: ErrorBody
     """keyrank's structured error."""

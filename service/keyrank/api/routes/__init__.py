@@ -1,7 +1,8 @@
 """The rerank routes, thin: parse (schemas.py), call (api/ranking.py), shape the answer.
 
 - native.py: POST /rerank, keyrank's own shape;
-- compat.py: POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2).
+- compat.py: POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2);
+- dialects.py: TEI (/tei/rerank, /tei/info), Infinity (/infinity/rerank, /infinity/models), GET /v1/models.
 
 What every answer shares lives here.
 """
@@ -10,17 +11,25 @@ from __future__ import annotations
 
 import math
 from pathlib import PurePath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
 if TYPE_CHECKING:
-    from keyrank.reranker import Ranking
+    from keyrank.reranker import RankedDocument, Ranking
 
 
 def served_model(request: Request, ranking: Ranking) -> str:
     """KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name: never a server path."""
-    name = request.app.state.settings.model_name or ranking.model
+    return _public(request.app.state.settings.model_name or ranking.model)
+
+
+def model_id(request: Request) -> str:
+    """The served model's name as answers report it (``served_model``), before any ranking."""
+    return _public(request.app.state.settings.model_name or request.app.state.reranker.model_name)
+
+
+def _public(name: str) -> str:
     return PurePath(name).name if name.startswith(("/", ".", "~", "\\")) else name
 
 
@@ -32,3 +41,13 @@ def timing_header(ranking: Ranking) -> dict[str, str]:
 def sigmoid(score: float) -> float:
     """Maps the logit into [0, 1] as Jina and Cohere clients expect; the order is unchanged."""
     return 0.5 * (1.0 + math.tanh(0.5 * score))
+
+
+def coverage(ranked: RankedDocument) -> dict[str, Any]:
+    """The vendor results' opt-in extension (``return_evidence``): evidence spans and how much was read."""
+    return {
+        "evidence": [{"start": e.start, "end": e.end} for e in ranked.evidence],
+        "truncated": ranked.truncated,
+        "read_tokens": ranked.read_tokens,
+        "document_tokens": ranked.document_tokens,
+    }

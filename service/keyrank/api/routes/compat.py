@@ -10,7 +10,10 @@ Both rank with the default strategy and selector. Every field the vendors' APIs 
 accepted; those that change nothing here (``priority``, ``max_chunks_per_doc`` unless the strategy cuts windows,
 ``return_embeddings``, a ``model`` other than the served one, fields unknown to us) are named in
 the ``X-Keyrank-Ignored-Fields`` header. Scores are the sigmoid of keyrank's, in [0, 1] as these
-clients expect, in the same order.
+clients expect, in the same order. ``return_evidence: true`` (keyrank's extension) adds each result's
+evidence spans and coverage (routes/__init__.py's ``coverage``).
+
+``ignored_fields`` and ``vendor_headers`` serve every vendor dialect (dialects.py's TEI and Infinity too).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from keyrank.api.body import StrictJsonRoute
 from keyrank.api.errors import V1_ERRORS, V2_ERRORS
 from keyrank.api.ranking import rank
-from keyrank.api.routes import served_model, sigmoid, timing_header
+from keyrank.api.routes import coverage, served_model, sigmoid, timing_header
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
 from keyrank.strategies import REGISTRY
@@ -36,6 +39,7 @@ from keyrank.schemas import (
     V1RerankRequest,
     V1RerankResponse,
 )
+from keyrank.schemas.common import VendorRequest
 
 if TYPE_CHECKING:
     from keyrank.reranker import Ranking
@@ -43,8 +47,6 @@ if TYPE_CHECKING:
 router = APIRouter(tags=["drop-in (Jina, Cohere)"], route_class=StrictJsonRoute)
 
 IGNORED_HEADER = "X-Keyrank-Ignored-Fields"
-_IGNORED = frozenset({"return_embeddings", "priority"})
-"""Vendor fields accepted for compatibility that change nothing here."""
 _MAX_NAMED = 32
 """At most this many ignored fields are named in the header (it must stay a header)."""
 _MAX_NAME_CHARS = 64
@@ -64,10 +66,10 @@ async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
         "id": request.state.request_id,
         "model": model,
         "usage": {"total_tokens": ranking.usage.scored_tokens},
-        "results": _results(ranking, body.documents, body.return_documents),
+        "results": _results(ranking, body.documents, body.return_documents, body.return_evidence),
         "meta": _meta("1", len(texts)),
     }
-    return JSONResponse(answer, headers=_headers(ranking, body, model))
+    return JSONResponse(answer, headers=vendor_headers(ranking, body, model))
 
 
 @router.post("/v2/rerank", response_model=CohereRerankResponse, responses=V2_ERRORS, summary="Cohere v2 rerank shape.")
@@ -77,10 +79,10 @@ async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
     ranking = await rank(request, body.query, texts, options)
     answer = {
         "id": request.state.request_id,
-        "results": _results(ranking, body.documents, body.return_documents),
+        "results": _results(ranking, body.documents, body.return_documents, body.return_evidence),
         "meta": _meta("2", len(texts)),
     }
-    return JSONResponse(answer, headers=_headers(ranking, body, served_model(request, ranking)))
+    return JSONResponse(answer, headers=vendor_headers(ranking, body, served_model(request, ranking)))
 
 
 def document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:
@@ -105,13 +107,16 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def _results(ranking: Ranking, documents: list[str | dict[str, Any]], with_documents: bool) -> list[dict[str, Any]]:
+def _results(ranking: Ranking, documents: list[str | dict[str, Any]], with_documents: bool, with_evidence: bool
+             ) -> list[dict[str, Any]]:
     results = []
     for r in ranking.results:
         result: dict[str, Any] = {"index": r.index, "relevance_score": sigmoid(r.score)}
         if with_documents:
             sent = documents[r.index]
             result["document"] = {"text": sent} if isinstance(sent, str) else sent
+        if with_evidence:
+            result.update(coverage(r))
         results.append(result)
     return results
 
@@ -121,14 +126,16 @@ def _meta(version: str, n_documents: int) -> dict[str, Any]:
     return {"api_version": {"version": version}, "billed_units": {"search_units": max(1, math.ceil(n_documents / 100))}}
 
 
-def ignored_fields(body: V1RerankRequest | CohereRerankRequest, model: str, strategy: str | None = None) -> list[str]:
-    """Fields the caller sent that changed nothing: vendor-only ones, unknown ones, another model's name,
-    ``max_chunks_per_doc`` when the strategy served cuts no windows (keyb2, firstp)."""
-    ignored = set(_IGNORED)
+def ignored_fields(body: VendorRequest, model: str, strategy: str | None = None) -> list[str]:
+    """Fields the caller sent that changed nothing: the dialect's vendor-only ones (``ignored_when_sent``),
+    unknown ones, another model's name (not a client's placeholder, ``unnamed_models``), ``max_chunks_per_doc``
+    when the strategy served cuts no windows (keyb2, firstp)."""
+    ignored = set(type(body).ignored_when_sent)
     if strategy is not None and not REGISTRY[strategy].windowed:
         ignored.add("max_chunks_per_doc")
     names = sorted((body.model_fields_set & ignored) | set(body.model_extra or {}))
-    if body.model is not None and body.model != model:
+    named = getattr(body, "model", None) if "model" in type(body).model_fields else None  # else: an unknown field
+    if named is not None and named != model and named not in type(body).unnamed_models:
         names.insert(0, "model")
     return names
 
@@ -147,7 +154,8 @@ def _header_name(name: str) -> str:
     return kept + "..."
 
 
-def _headers(ranking: Ranking, body: V1RerankRequest | CohereRerankRequest, model: str) -> dict[str, str]:
+def vendor_headers(ranking: Ranking, body: VendorRequest, model: str) -> dict[str, str]:
+    """Server-Timing, and X-Keyrank-Ignored-Fields when the caller sent fields that changed nothing."""
     headers = timing_header(ranking)
     ignored = ignored_fields(body, model, ranking.strategy)
     if ignored:

@@ -1,0 +1,245 @@
+"""The other self-hosted rerankers' shapes, so their clients drop in by base URL:
+
+- Hugging Face text-embeddings-inference (TEI): POST /tei/rerank, GET /tei/info;
+- michaelfeil/infinity: POST /infinity/rerank, GET /infinity/models;
+- OpenAI-style discovery: GET /v1/models.
+
+Like the Jina/Cohere shapes (compat.py), requests are strict about types, accept unknown fields and name
+them (and the fields that change nothing) in ``X-Keyrank-Ignored-Fields``. ``return_evidence`` is
+keyrank's extension: clients that do not know it never send it and read the answer as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field, RootModel, field_validator
+
+from keyrank.schemas.common import (
+    EXAMPLE_DOCS,
+    EXAMPLE_QUERY,
+    Count,
+    VendorRequest,
+    Wire,
+    non_blank,
+    query_field,
+)
+from keyrank.schemas.compat import Coverage
+
+# --------------------------------------------------------------------------- TEI: /tei/rerank, /tei/info
+
+
+class TeiRerankRequest(VendorRequest):
+    """POST /tei/rerank: text-embeddings-inference's rerank request, ranked with the default strategy and selector."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"query": EXAMPLE_QUERY, "texts": EXAMPLE_DOCS, "raw_scores": False}]})
+    ignored_when_sent: ClassVar[frozenset[str]] = frozenset({"truncate", "truncation_direction"})
+
+    query: str = query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    texts: list[str] = Field(min_length=1, examples=[EXAMPLE_DOCS])
+    """The documents; same limits as POST /rerank's documents (a limit names them ``documents[i]``)."""
+    raw_scores: bool = False
+    """false (TEI's default): the sigmoid of keyrank's score, in (0, 1); true: keyrank's score itself (the
+    cross-encoder's logit scale). The order is the same."""
+    return_text: bool = False
+    """Echo each result's text."""
+    truncate: bool | None = None
+    """TEI: accepted and ignored; keyrank never refuses a long text, its strategy decides what is read
+    (each result's truncated/read_tokens say how much, with return_evidence)."""
+    truncation_direction: Literal["Left", "Right", "left", "right"] | None = None
+    """TEI: accepted and ignored; long texts are read by the strategy, not cut from one end."""
+    return_evidence: bool = False
+    """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
+    document_tokens); clients that do not know these fields still parse the answer."""
+
+    _query_not_blank = field_validator("query")(non_blank)
+
+
+class TeiRank(Coverage):
+    """One ranked text, TEI's shape (plus keyrank's fields with return_evidence)."""
+
+    index: int
+    """Position of the text in the request."""
+    score: float
+    """sigmoid of keyrank's score, or the score itself with raw_scores."""
+    text: str | None = None
+    """The text; with return_text."""
+
+
+class TeiRerankResponse(RootModel[list[TeiRank]]):
+    """POST /tei/rerank answer: every text, best first (TEI has no top_n)."""
+
+
+class TeiReranker(Wire):
+    """TEI's model type of a reranker: its labels."""
+
+    id2label: dict[str, str]
+    """Label of each output (one: the relevance logit)."""
+    label2id: dict[str, int]
+    """The inverse map."""
+
+
+class TeiModelType(Wire):
+    """TEI's model_type: this server is a reranker."""
+
+    reranker: TeiReranker
+    """The reranker's labels."""
+
+
+class TeiInfo(Wire):
+    """GET /tei/info: TEI's router info, with keyrank's values."""
+
+    model_id: str
+    """The served model (KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name)."""
+    model_sha: str | None = None
+    """Not tracked: null."""
+    model_dtype: str
+    """The weights' type in the exported ONNX model."""
+    model_type: TeiModelType
+    """Always a reranker."""
+    max_concurrent_requests: int
+    """Triton requests in flight at once (KEYRANK_TRITON_MAX_IN_FLIGHT x KEYRANK_WORKERS); more wait in the
+    admission queue, past it 429."""
+    max_input_length: int
+    """Longest model input in tokens (KEYRANK_MAX_SEQUENCE_LENGTH); longer texts are read by the strategy."""
+    max_batch_tokens: int
+    """Tokens per Triton batch: KEYRANK_TRITON_BATCH_SIZE x max_input_length."""
+    max_batch_requests: int | None = None
+    """No such limit: null."""
+    max_client_batch_size: int
+    """Most texts per request (KEYRANK_MAX_DOCUMENTS)."""
+    auto_truncate: bool = True
+    """Always true: a long text is never refused."""
+    tokenization_workers: int
+    """Gateway worker processes (KEYRANK_WORKERS)."""
+    version: str
+    """keyrank's version."""
+    sha: str | None = None
+    """Not tracked: null."""
+    docker_label: str | None = None
+    """Not tracked: null."""
+
+
+# --------------------------------------------------------------------------- Infinity: /infinity/rerank, /infinity/models
+
+
+INFINITY_DEFAULT_MODEL = "default/not-specified"
+"""What Infinity's clients send as ``model`` when the caller names none."""
+
+
+class InfinityRerankRequest(VendorRequest):
+    """POST /infinity/rerank: Infinity's rerank request, ranked with the default strategy and selector."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{"model": "default/not-specified", "query": EXAMPLE_QUERY, "documents": EXAMPLE_DOCS}]})
+    ignored_when_sent: ClassVar[frozenset[str]] = frozenset()
+    unnamed_models: ClassVar[frozenset[str]] = frozenset({INFINITY_DEFAULT_MODEL})
+
+    model: str = INFINITY_DEFAULT_MODEL
+    """The service hosts one model (named in the answer). Listed as ignored when it names another; Infinity's
+    default "default/not-specified" names none."""
+    query: str = query_field()
+    """The search query, non-blank; same limits as POST /rerank."""
+    documents: list[str] = Field(min_length=1, examples=[EXAMPLE_DOCS])
+    """The documents (strings); same limits as POST /rerank."""
+    return_documents: bool = False
+    """Echo each result's document (a string, as Infinity does)."""
+    raw_scores: bool = False
+    """false (Infinity's default): the sigmoid of keyrank's score, in (0, 1); true: keyrank's score itself."""
+    top_n: Count | None = None
+    """Return only the best top_n results; unset = all."""
+    return_evidence: bool = False
+    """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
+    document_tokens); clients that do not know these fields still parse the answer."""
+
+    _query_not_blank = field_validator("query")(non_blank)
+
+
+class InfinityResult(Coverage):
+    """One ranked document, Infinity's shape (plus keyrank's fields with return_evidence)."""
+
+    relevance_score: float
+    """sigmoid of keyrank's score, or the score itself with raw_scores."""
+    index: int
+    """Position of the document in the request."""
+    document: str | None = None
+    """The document; with return_documents."""
+
+
+class InfinityUsage(Wire):
+    """Infinity's usage block."""
+
+    prompt_tokens: int
+    """Tokens the cross-encoder read (keyrank's scored_tokens)."""
+    total_tokens: int
+    """The same count."""
+
+
+class InfinityRerankResponse(Wire):
+    """POST /infinity/rerank answer."""
+
+    object: Literal["rerank"] = "rerank"
+    """Always "rerank"."""
+    results: list[InfinityResult]
+    """Best first, cut to top_n."""
+    model: str
+    """The cross-encoder that scored the documents."""
+    usage: InfinityUsage
+    """Tokens read."""
+    id: str
+    """The request id (also the X-Request-ID header)."""
+    created: int
+    """Unix time of the answer."""
+
+
+class InfinityModel(Wire):
+    """One entry of GET /infinity/models."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="allow")
+
+    id: str
+    """The model's name, as answers report it."""
+    object: Literal["model"] = "model"
+    """Always "model"."""
+    created: int
+    """Unix time the model was prepared (its manifest was written)."""
+    stats: dict[str, Any] = Field(default_factory=dict)
+    """Infinity's queue statistics: none kept, empty."""
+    backend: str = "triton"
+    """Where the model runs."""
+    capabilities: list[str] = Field(default_factory=lambda: ["rerank"])
+    """What the model does here."""
+
+
+class InfinityModels(Wire):
+    """GET /infinity/models: the served models, Infinity's shape."""
+
+    data: list[InfinityModel]
+    """One entry per served model."""
+    object: Literal["list"] = "list"
+    """Always "list"."""
+
+
+# --------------------------------------------------------------------------- OpenAI-style: /v1/models
+
+
+class ModelCard(Wire):
+    """One entry of GET /v1/models (OpenAI's model object)."""
+
+    id: str
+    """The model's name, as answers report it and as a request's ``model`` names it."""
+    object: Literal["model"] = "model"
+    """Always "model"."""
+    created: int
+    """Unix time the model was prepared (its manifest was written)."""
+    owned_by: str = "keyrank"
+    """Who serves it."""
+
+
+class ModelList(Wire):
+    """GET /v1/models: the served models, OpenAI's list shape (read by OpenAI, vLLM and Infinity clients)."""
+
+    object: Literal["list"] = "list"
+    """Always "list"."""
+    data: list[ModelCard]
+    """One entry per served model."""
