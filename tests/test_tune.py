@@ -1,0 +1,69 @@
+"""`keyrank tune`: the choice rule, and a whole run on judged TREC files with the real model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from keyrank.config import Settings
+from keyrank.evaluation import tune
+from toy_judged import toy_trec
+
+QIDS = [f"q{i}" for i in range(12)]
+
+
+def _scores(mean: float, spread: float) -> dict[str, float]:
+    return {q: mean + (spread if i % 2 else -spread) for i, q in enumerate(QIDS)}
+
+
+def test_the_cheapest_system_not_measurably_worse_than_the_best_wins():
+    scores = {
+        "best": _scores(0.80, 0.05),
+        "tied": {q: v - (0.10 if i == 0 else 0.0) for i, (q, v) in enumerate(_scores(0.80, 0.05).items())},  # one query worse
+        "worse": _scores(0.50, 0.01),  # cheapest, but worse on every query
+    }
+    cost = {"best": 3000.0, "tied": 500.0, "worse": 100.0}
+    winner, diffs = tune.choose(scores, cost)
+    assert winner == "tied"
+    assert diffs["worse"][2] < 0 <= diffs["tied"][2]
+    assert tune.choose(scores, cost, prefer="quality")[0] == "best"
+
+
+def test_keyb2_variants_are_tried_per_selector_and_named_settings_only():
+    systems = tune.candidates(["firstp", "keyb2"], ["bm25", "dense"], ["", "keyb2_budget=fill"])
+    assert [c.name for c in systems] == ["firstp", "keyb2-bm25", "keyb2-bm25 keyb2_budget=fill", "keyb2-dense",
+                                         "keyb2-dense keyb2_budget=fill"]
+    assert systems[2].env() == {"KEYRANK_DEFAULT_STRATEGY": "keyb2", "KEYRANK_DEFAULT_SELECTOR": "bm25",
+                                "KEYRANK_KEYB2_BUDGET": "fill"}
+    with pytest.raises(SystemExit, match="not a setting"):
+        tune.parse_variant("keyb2_budgett=fill")
+
+
+def test_queries_without_a_relevant_candidate_are_refused_with_the_reason(tmp_path):
+    qrels, docs, queries = toy_trec(tmp_path)
+    qrels.write_text("".join(line.rsplit(" ", 1)[0] + " 0\n" for line in qrels.read_text().splitlines()))
+    with pytest.raises(SystemExit, match="nothing to tune on"):
+        tune.main(["--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries), "--out", str(tmp_path / "t")])
+
+
+def test_tune_ranks_systems_on_trec_files_and_writes_an_env_file_that_serve_reads(prepared_models, tmp_path, monkeypatch):
+    qrels, docs, queries = toy_trec(tmp_path)
+    out = tmp_path / "tune"
+    code = tune.main(["--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries), "--model-dir", str(prepared_models),
+                      "--strategies", "firstp", "keyb2", "--selectors", "bm25", "--keyb2", "", "keyb2_budget=fill",
+                      "--out", str(out), "--no-progress"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = results["systems"]
+    assert set(rows) == {"firstp", "keyb2-bm25", "keyb2-bm25 keyb2_budget=fill"}
+    assert results["queries"] == 12 and all(r["failed_queries"] == 0 for r in rows.values())
+    # The answer sits past token 512 of the relevant document: firstp never reads it, keyb2 selects it.
+    assert rows["keyb2-bm25"]["nDCG@10"] > rows["firstp"]["nDCG@10"] + 0.1
+    # The winner is what the rule picks from the table written beside it.
+    best = max(rows, key=lambda s: rows[s]["nDCG@10"])
+    tied = [s for s, r in rows.items() if r["interval"][1] >= 0]
+    assert best in tied and results["winner"] == min(tied, key=lambda s: (rows[s]["tokens_per_query"], -rows[s]["nDCG@10"]))
+    env_file = out / "keyrank.env"
+    served = Settings(_env_file=env_file)
+    assert f"{served.default_strategy}" == results["env"]["KEYRANK_DEFAULT_STRATEGY"]
+    assert "(chosen)" in (out / "report.md").read_text()
