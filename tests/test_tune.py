@@ -67,3 +67,22 @@ def test_tune_ranks_systems_on_trec_files_and_writes_an_env_file_that_serve_read
     served = Settings(_env_file=env_file)
     assert f"{served.default_strategy}" == results["env"]["KEYRANK_DEFAULT_STRATEGY"]
     assert "(chosen)" in (out / "report.md").read_text()
+
+
+def test_serve_reads_the_tuned_env_file_under_the_environment(tmp_path, monkeypatch):
+    from keyrank.config import get_settings
+
+    env_file = tmp_path / "keyrank.env"
+    env_file.write_text("# keyrank tune\nKEYRANK_DEFAULT_STRATEGY=maxp\nKEYRANK_KEYB2_BUDGET=fill\n")
+    monkeypatch.setenv("KEYRANK_ENV_FILE", str(env_file))
+    monkeypatch.setenv("KEYRANK_KEYB2_BUDGET", "paper480")  # the environment wins over the file
+    get_settings.cache_clear()
+    try:
+        settings = get_settings()
+        assert (settings.default_strategy, settings.keyb2_budget) == ("maxp", "paper480")
+        monkeypatch.setenv("KEYRANK_ENV_FILE", str(tmp_path / "missing.env"))
+        get_settings.cache_clear()
+        with pytest.raises(ValueError, match="no such file"):
+            get_settings()
+    finally:
+        get_settings.cache_clear()

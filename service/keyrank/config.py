@@ -6,6 +6,7 @@ can live with; every limit is answered by a 4xx that names it.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -121,6 +122,16 @@ class Settings(BaseSettings):
         return self.model_dir / "gateway"
 
 
+ENV_FILE_VARIABLE = "KEYRANK_ENV_FILE"
+"""Names a file of ``KEYRANK_*=value`` lines read under the environment (which wins), e.g. what
+``keyrank tune`` writes; docker ``--env-file`` and compose ``env_file:`` read the same file."""
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    env_file = os.environ.get(ENV_FILE_VARIABLE)
+    if not env_file:
+        return Settings()
+    if not Path(env_file).is_file():
+        raise ValueError(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
+    return Settings(_env_file=env_file)
