@@ -104,6 +104,18 @@ def test_tei_bad_requests_get_a_422_in_teis_error_shape_naming_the_field(prepare
     assert field in error["error"] and words in error["error"], error
 
 
+def test_tei_limits_name_texts_as_teis_callers_sent_them(prepared_models):
+    settings = Settings(model_dir=prepared_models, triton_url=DEAD_TRITON, triton_connect_timeout_s=0.5,
+                        max_documents=2, max_document_chars=40)
+    with TestClient(create_app(settings)) as dead:
+        too_many = dead.post("/tei/rerank", json={"query": QUERY, "texts": DOCS}).json()
+        too_long = dead.post("/tei/rerank", json={"query": QUERY, "texts": DOCS[:2]}).json()
+        schema = dead.get("/openapi.json").json()["components"]["schemas"]["TeiRerankRequest"]["properties"]["texts"]
+    assert too_many["field"] == "texts" and too_many["error"].startswith("texts: 3 documents exceed the limit of 2 (KEYRANK_MAX_DOCUMENTS)")
+    assert too_long["field"] == "texts[1]" and "KEYRANK_MAX_DOCUMENT_CHARS" in too_long["error"]
+    assert schema["maxItems"] == 2 and schema["items"]["maxLength"] == 40
+
+
 @pytest.mark.triton
 def test_tei_info_names_the_served_model_and_its_limits(live):
     info = live.get("/tei/info").json()

@@ -16,8 +16,8 @@ from keyrank.config import Settings
 from keyrank.errors import LimitExceeded
 from keyrank.strategies import REGISTRY
 
-REQUEST_SCHEMAS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest")
-"""OpenAPI components whose ``query`` and ``documents`` the limits apply to."""
+REQUEST_SCHEMAS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest")
+"""OpenAPI components whose ``query`` and ``documents`` (TEI: ``texts``) the limits apply to."""
 
 
 def check_limits(query: str, texts: Sequence[str], settings: Settings) -> None:
@@ -40,10 +40,13 @@ def openapi_limits(schema: dict[str, Any], settings: Settings) -> dict[str, Any]
         properties = components.get(name, {}).get("properties", {})
         if "query" in properties:
             properties["query"]["maxLength"] = settings.max_query_chars
-        if "documents" in properties:
-            documents = properties["documents"]
+        for key in ("documents", "texts"):
+            if key not in properties:
+                continue
+            documents = properties[key]
             documents["maxItems"] = settings.max_documents
-            for member in documents.get("items", {}).get("anyOf", []):
+            items = documents.get("items", {})
+            for member in items.get("anyOf", [items]):
                 if member.get("type") == "string":
                     member["maxLength"] = settings.max_document_chars
                 elif "text" in member.get("properties", {}):  # the vendors' object documents

@@ -25,6 +25,7 @@ from keyrank.api.errors import INFINITY_ERRORS, TEI_ERRORS
 from keyrank.api.ranking import rank
 from keyrank.api.routes import coverage, model_id, served_model, sigmoid
 from keyrank.api.routes.compat import vendor_headers
+from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
 from keyrank.schemas import (
     InfinityModels,
@@ -47,7 +48,10 @@ router = APIRouter(route_class=StrictJsonRoute)
 @router.post("/tei/rerank", response_model=TeiRerankResponse, responses=TEI_ERRORS, tags=["drop-in (TEI)"],
              summary="Hugging Face text-embeddings-inference rerank shape.")
 async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
-    ranking = await rank(request, body.query, body.texts, RerankOptions())
+    try:
+        ranking = await rank(request, body.query, body.texts, RerankOptions())
+    except InvalidRequest as exc:  # limits and admission name "documents": TEI's callers sent "texts"
+        raise _named_texts(exc) from None
     results = []
     for r in ranking.results:
         result: dict[str, Any] = {"index": r.index, "score": _score(r, body.raw_scores)}
@@ -113,6 +117,15 @@ async def models_infinity(request: Request) -> InfinityModels:
 @router.get("/v1/models", response_model=ModelList, tags=["discovery"], summary="The served models, OpenAI's list shape.")
 async def models_openai(request: Request) -> ModelList:
     return ModelList(data=[{"id": model_id(request), "created": _prepared_at(request)}])
+
+
+def _named_texts(exc: InvalidRequest) -> InvalidRequest:
+    """The same error, its field ``documents...`` called ``texts...`` as in TEI's request."""
+    field = exc.field or ""
+    if field.startswith("documents"):
+        exc.field = "texts" + field[len("documents"):]
+        exc.args = (str(exc).replace(field, exc.field, 1), *exc.args[1:])
+    return exc
 
 
 def _score(ranked: RankedDocument, raw: bool) -> float:
