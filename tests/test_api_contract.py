@@ -192,14 +192,36 @@ def test_metrics_count_each_request_in_prometheus_format(client):
         assert f"\n{name} " in response.text
 
 
-def test_openapi_documents_the_three_rerank_routes_and_the_limits(client):
+def test_openapi_documents_the_rerank_routes_and_the_limits(client):
     spec = client.get("/openapi.json").json()
-    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank", "/tei/rerank", "/infinity/rerank"):
         assert "post" in spec["paths"][path]
+    for path in ("/v1/models", "/tei/info", "/infinity/models"):
+        assert "get" in spec["paths"][path]
     documents = spec["components"]["schemas"]["RerankRequest"]["properties"]["documents"]
     assert "KEYRANK_MAX_DOCUMENTS" in documents["description"]
     assert spec["components"]["schemas"]["RerankRequest"]["additionalProperties"] is False
     assert client.get("/docs").status_code == 200
+
+
+COVERAGE = ("truncated", "read_tokens", "document_tokens")
+
+
+def test_openapi_documents_coverage_on_every_result_and_evidence_as_opt_in_on_the_vendor_routes(client):
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    native = schemas["RerankResult"]
+    assert set(COVERAGE) <= set(native["required"])
+    assert "whole document" in native["properties"]["truncated"]["description"]
+    assert "keyb2" in native["properties"]["read_tokens"]["description"]
+    assert "before max_tokens_per_doc" in native["properties"]["document_tokens"]["description"]
+    for result in ("VendorResult", "TeiRank", "InfinityResult"):
+        properties = schemas[result]["properties"]
+        for name in ("evidence", *COVERAGE):
+            assert "return_evidence" in properties[name]["description"], (result, name)
+        assert not set(schemas[result].get("required", [])) & {"evidence", *COVERAGE}  # absent unless asked
+    for request in ("V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest"):
+        field = schemas[request]["properties"]["return_evidence"]
+        assert field["default"] is False and "extension" in field["description"], request
 
 
 def test_request_id_is_echoed_or_generated(client):
