@@ -22,7 +22,7 @@ SCORED_TOKENS = Histogram(
     "keyrank_scored_tokens", "Tokens sent to the cross-encoder per request (padding excluded).", buckets=_TOKEN_BUCKETS
 )
 TRUNCATED_DOCUMENTS = Counter(
-    "keyrank_truncated_documents_total", "Documents not read to the end (max_tokens_per_doc or window cap)."
+    "keyrank_truncated_documents_total", "Documents the model did not read whole (firstp prefix, keyb2 blocks, capped windows, max_tokens_per_doc)."
 )
 EVIDENCE_BLOCK_POSITION = Histogram(
     "keyrank_evidence_block_position",
