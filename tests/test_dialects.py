@@ -258,3 +258,16 @@ def test_maxp_reads_a_document_whole_until_the_window_cap_or_max_tokens_cut_it(l
         one = capped.post("/rerank", json={"query": query, "documents": [middle], "strategy": "maxp"}).json()["results"][0]
     budget = 512 - 3 - cut["usage"]["query_tokens"]
     assert one["truncated"] is True and one["read_tokens"] == budget and one["document_tokens"] == whole["document_tokens"]
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/tei/rerank", {"query": QUERY, "texts": ["ok", "bad \ud800 text"]}, "texts[1]"),
+    ("/infinity/rerank", {"query": QUERY, "documents": ["bad \ud800 text"]}, "documents[0]"),
+])
+def test_a_lone_surrogate_is_refused_naming_the_field_on_the_new_dialects(prepared_models, path, body, field):
+    settings = Settings(model_dir=prepared_models, triton_url=DEAD_TRITON, triton_connect_timeout_s=0.5)
+    raw = json.dumps(body).encode()  # json.dumps writes the lone surrogate as the escape \\ud800
+    with TestClient(create_app(settings)) as dead:
+        response = dead.post(path, content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert field in response.text and "surrogate" in response.text
