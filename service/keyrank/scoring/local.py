@@ -16,6 +16,31 @@ from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
 from keyrank.scoring.in_process import InProcessScorer
 
 
+def session_options(threads: int = 0, *, arena: bool = False, mem_pattern: bool = False, spinning: bool = True):
+    """The ONNX Runtime options of every CPU session of the cross-encoder, set on purpose (measured in
+    docs/PERFORMANCE.md, "ONNX Runtime session options"); the embedded Triton model sets the same ones.
+
+    - threads: ``threads`` or this process's usable cores for the ops (intra-op), one inter-op thread,
+      sequential execution: a BERT graph is one chain, its parallelism is inside the MatMuls.
+    - graph optimisation: all of ONNX Runtime's (constant folding, fusions, NCHWc layouts) at load.
+    - arena and memory pattern off: with them on, ONNX Runtime keeps the peak of every batch shape it
+      has seen (2.37 GB after maxp bursts, docs/RELIABILITY.md) for a gain within noise.
+    - spinning: intra-op threads spin-wait between ops (ONNX Runtime's default); off trades latency
+      for CPU left to other processes.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = arena
+    options.enable_mem_pattern = mem_pattern
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return options
+
+
 class LocalScorer(InProcessScorer):
     """An ONNX Runtime session on this process's CPU (or a CUDA provider when asked)."""
 
@@ -34,10 +59,7 @@ class LocalScorer(InProcessScorer):
         import onnxruntime as ort
 
         super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-        options.inter_op_num_threads = 1  # one chain of ops: the parallelism is inside them
-        self.session = ort.InferenceSession(str(onnx_path), options, providers=list(providers))
+        self.session = ort.InferenceSession(str(onnx_path), session_options(threads), providers=list(providers))
         """The ONNX Runtime session."""
         self.input_names: tuple[str, ...] = tuple(i.name for i in self.session.get_inputs())
         """Inputs the graph declares (all three for exports of `keyrank prepare`)."""

@@ -22,6 +22,7 @@ from tokenizers import Encoding, Tokenizer
 
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
+from keyrank.scoring.local import session_options
 
 from typing import TYPE_CHECKING
 
@@ -86,9 +87,7 @@ class DenseSelector:
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()  # we pad per length-sorted batch
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        self._session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(str(folder / "model.onnx"), session_options(threads), providers=["CPUExecutionProvider"])
         self._inputs = [i.name for i in self._session.get_inputs()]
         self.dim = int(self._session.get_outputs()[0].shape[1])
         """Embedding width (384 for all-MiniLM-L6-v2)."""

@@ -32,16 +32,21 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.input_names = [tensor["name"] for tensor in config["input"]]
         self.output_names = [tensor["name"] for tensor in config["output"]]
+        # The same options as the in-process scorer's (keyrank/scoring/local.py, session_options;
+        # measured in docs/PERFORMANCE.md), written out here because this file imports nothing from keyrank.
         options = ort.SessionOptions()
         options.intra_op_num_threads = _threads(config)
         options.inter_op_num_threads = 1  # a BERT graph is one chain: parallelism is within ops
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         # Bounded memory: ONNX Runtime's CPU arena keeps the peak of every batch shape it has seen
         # (the stub grew to 2.37 GB after maxp bursts and never shrank) and the memory pattern
         # plans one buffer per shape. Without both, a run's buffers go back to malloc when it ends
         # (docs/RELIABILITY.md: the bound and its cost in speed).
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")  # ONNX Runtime's default, on purpose
+        # model.onnx is the CPU variant `keyrank prepare --cpu-variant` chose and gated (fused by default)
         path = Path(__file__).resolve().parent / "model.onnx"
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
