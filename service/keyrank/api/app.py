@@ -13,6 +13,7 @@ from keyrank.api.docs import mount_docs
 from keyrank.api.errors import RERANK_PATHS, install_error_handlers
 from keyrank.api.limits import openapi_limits
 from keyrank.api.middleware import ApiKeyGate, BodyLimit, RequestId
+from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
 from keyrank.api.routes.compat import router as compat_routes
 from keyrank.api.routes.dialects import router as dialect_routes
@@ -55,6 +56,7 @@ def create_app(settings: Settings | None = None, reranker: Reranker | None = Non
     app.include_router(compat_routes)
     app.include_router(dialect_routes)
     mount_docs(app)
+    install_playground(app)  # GET /playground unless KEYRANK_PLAYGROUND=false
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
 
