@@ -16,7 +16,24 @@ PYTEST_ARGS ?=
 
 .PHONY: install install-dev prepare run test test-fast bench eval deploy-check tools loadtest clean
 
-# One line per phase; the tools' own output only when a phase fails.
+# One line per phase; the tools' own output only when a phase fails (it is kept in $(PIP_LOG)).
+# pip's long installs stay visibly alive: PIP_PROGRESS turns pip's output into a count of the
+# packages resolved (one updating line on a terminal, a line per 10 in a log), the large
+# downloads, and the install step.
+PIP_LOG := $(VENV)/pip-install.log
+# (each recipe sets tty before the pipe: stdout inside the pipe is never the terminal)
+define PIP_PROGRESS
+2>&1 | tee -a $(PIP_LOG) | awk -v tty="$$tty" -v what="$(1)" ' \
+  function clear() { if (tty && shown) { printf "\r\033[K"; shown = 0 } } \
+  /^(Collecting|Processing|Requirement already satisfied:) / { n++; name = /^Req/ ? $$4 : $$2; sub(/.*\//, "", name); \
+                   if (tty) { printf "\rmake: [install]   %s: %d packages resolved, last %s\033[K", what, n, name; shown = 1 } \
+                   else if (n % 10 == 1) printf "make: [install]   %s: %d packages resolved (%s)\n", what, n, name; fflush() } \
+  /^ *Downloading .*[0-9.]+ MB\)/ { clear(); sub(/^ */, ""); printf "make: [install]   %s: %s\n", what, $$0; fflush() } \
+  /^Installing collected packages:/ { clear(); k = split(substr($$0, index($$0, ":") + 2), names, ", "); \
+                   printf "make: [install]   %s: installing %d packages (of %d resolved)...\n", what, k, n; fflush() } \
+  END { clear() }'
+endef
+PIP_FAILED = { echo "make: [install] pip failed; the end of $(PIP_LOG):"; tail -n 40 $(PIP_LOG); exit 1; }
 $(BIN)/activate:
 	@echo "make: [venv] creating $(VENV) with $$($(PYTHON) --version)"
 	@$(PYTHON) -m venv $(VENV)
@@ -24,13 +41,13 @@ $(BIN)/activate:
 
 $(VENV)/.installed-run: $(BIN)/activate pyproject.toml
 	@echo "make: [install] serving: $(TORCH) (CPU build, for the ONNX export) + keyrank[$(RUN_EXTRAS)] (a few minutes the first time)"
-	@$(BIN)/pip install -q --progress-bar off "$(TORCH)"
-	@$(BIN)/pip install -q --progress-bar off -e ".[$(RUN_EXTRAS)]"
+	@set -o pipefail; tty=0; [ -t 1 ] && tty=1; $(BIN)/pip install --progress-bar off "$(TORCH)" $(call PIP_PROGRESS,torch) || $(PIP_FAILED)
+	@set -o pipefail; tty=0; [ -t 1 ] && tty=1; $(BIN)/pip install --progress-bar off -e ".[$(RUN_EXTRAS)]" $(call PIP_PROGRESS,serving) || $(PIP_FAILED)
 	@touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed-run
 	@echo "make: [install] tests, load tests, eval: keyrank[$(EXTRAS)]"
-	@$(BIN)/pip install -q --progress-bar off -e ".[$(EXTRAS)]"
+	@set -o pipefail; tty=0; [ -t 1 ] && tty=1; $(BIN)/pip install --progress-bar off -e ".[$(EXTRAS)]" $(call PIP_PROGRESS,dev extras) || $(PIP_FAILED)
 	@touch $@
 
 install: $(VENV)/.installed-run  ## what `make run` needs: serving + the model export
