@@ -124,7 +124,13 @@ def _finetune(rest: list[str]) -> int:
     return finetune_main(rest)
 
 
-_OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _guard, "finetune": _finetune}
+def _idf(rest: list[str]) -> int:
+    from keyrank.select.idf import main as idf_main
+
+    return idf_main(rest)
+
+
+_OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _guard, "finetune": _finetune, "idf": _idf}
 """Subcommands that parse their own flags (their --help lists them with their defaults)."""
 
 
@@ -139,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
     commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)
+    commands.add_parser("idf", help="build a BM25 IDF table from your own documents (KEYRANK_BM25_IDF_TABLE)", add_help=False)
 
     # prepare / eval / bench / guard / finetune own their flags: hand them the rest of the line.
     if argv and argv[0] in _OWN_FLAGS:
