@@ -42,7 +42,7 @@ def test_keyb2_variants_are_tried_per_selector_and_named_settings_only():
 def test_queries_without_a_relevant_candidate_are_refused_with_the_reason(tmp_path):
     qrels, docs, queries = toy_trec(tmp_path)
     qrels.write_text("".join(line.rsplit(" ", 1)[0] + " 0\n" for line in qrels.read_text().splitlines()))
-    with pytest.raises(SystemExit, match="nothing to tune on"):
+    with pytest.raises(SystemExit, match="nothing to measure"):
         tune.main(["--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries), "--out", str(tmp_path / "t")])
 
 
@@ -86,3 +86,17 @@ def test_serve_reads_the_tuned_env_file_under_the_environment(tmp_path, monkeypa
             get_settings()
     finally:
         get_settings.cache_clear()
+
+
+def test_eval_measures_strategies_on_the_users_trec_files(prepared_models, tmp_path):
+    from keyrank.evaluation.cli import main as eval_main
+
+    qrels, docs, queries = toy_trec(tmp_path)
+    out = tmp_path / "eval"
+    eval_main(["--task", "trec", "--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries),
+               "--model-dir", str(prepared_models), "--scorer", "local", "--strategies", "firstp", "keyb2",
+               "--selectors", "bm25", "--out", str(out), "--no-progress"])
+    systems = json.loads((out / "results.json").read_text())["trec"]["systems"]
+    assert systems["keyb2-bm25"]["metrics"]["nDCG@10"] > systems["firstp"]["metrics"]["nDCG@10"] + 0.1
+    with pytest.raises(SystemExit, match="give --qrels, --docs and --queries"):
+        eval_main(["--task", "trec", "--model-dir", str(prepared_models)])

@@ -41,7 +41,8 @@ def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keyrank eval", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--task", nargs="+", default=["all"], help="qmsum | farrel (with its farrel-bare ceiling) | squad | all")
+    p.add_argument("--task", nargs="+", default=["all"],
+                   help="qmsum | farrel (with its farrel-bare ceiling) | squad | all (the shipped data) | trec (your files: --qrels --docs --queries)")
     p.add_argument("--split", default="val", help="QMSum split: val for reported numbers, train for development, train-dev for the train meetings finetune never trains on")
     p.add_argument("--strategies", nargs="+", default=[",".join(STRATEGIES)], help=f"subset of {', '.join(STRATEGIES)}")
     p.add_argument("--selectors", nargs="+", default=[",".join(SELECTORS)], help=f"keyb2 selectors: {', '.join(SELECTORS)}")
@@ -65,6 +66,12 @@ def parser() -> argparse.ArgumentParser:
                    help="far-relevant filler: other queries' non-relevant passages, or the query's own (hard variant)")
     p.add_argument("--dl20-topics", choices=("held-back", "train", "all"), default="held-back",
                    help="far-relevant topics: the ones finetune never trains on (reported), its training ones, or all")
+    p.add_argument("--qrels", type=Path, default=None, help="trec task: your qrels, 'qid 0 docid grade' lines")
+    p.add_argument("--docs", type=Path, default=None, help='trec task: JSONL documents {"id", "text"}')
+    p.add_argument("--queries", type=Path, default=None, help="trec task: TSV 'qid<TAB>text' or JSONL {\"id\", \"text\"}")
+    p.add_argument("--run", type=Path, default=None, help="trec task: a first-stage TREC run whose top --depth documents join the judged ones")
+    p.add_argument("--depth", type=int, default=100, help="trec task: candidates taken from --run per query")
+    p.add_argument("--relevant-from", type=int, default=1, help="trec task: the lowest grade that counts as relevant (TREC DL: 2)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -111,7 +118,10 @@ async def _run(args, settings: Settings, queries: dict, systems_, out: Path) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    task_names = tasks.expand([n for v in args.task for n in v.split(",") if n])
+    try:
+        task_names = tasks.expand([n for v in args.task for n in v.split(",") if n])
+    except ValueError as exc:
+        raise SystemExit(f"keyrank eval: {exc}") from None
     strategies = _names(args.strategies, STRATEGIES, "strategies")
     selectors = _names(args.selectors, SELECTORS, "selectors")
     systems_ = systems(strategies, selectors)
@@ -124,14 +134,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{tokenizer_path} not found: run `keyrank prepare` first (or pass --model-dir)")
     tokenizer = TextTokenizer.from_file(tokenizer_path)
     offsets = tuple(int(o) for o in args.offsets.split(","))
+    trec = None
+    if "trec" in task_names:
+        if not (args.qrels and args.docs and args.queries):
+            raise SystemExit("keyrank eval --task trec reads your files: give --qrels, --docs and --queries")
+        trec = tasks.TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from)
 
     started = time.perf_counter()
-    queries = {
-        t: tasks.build(t, args.data_dir, tokenizer, split=args.split, seed=args.seed, max_queries=args.max_queries,
-                       segment_tokens=args.segment_tokens, offsets=offsets, distractors=args.distractors,
-                       filler=args.filler, dl20_topics=args.dl20_topics)
-        for t in task_names
-    }
+    try:
+        queries = {
+            t: tasks.build(t, args.data_dir, tokenizer, split=args.split, seed=args.seed, max_queries=args.max_queries,
+                           segment_tokens=args.segment_tokens, offsets=offsets, distractors=args.distractors,
+                           filler=args.filler, dl20_topics=args.dl20_topics, trec=trec)
+            for t in task_names
+        }
+    except ValueError as exc:
+        raise SystemExit(f"keyrank eval: {exc}") from None
     build_s = time.perf_counter() - started
     for t, qs in queries.items():
         print(f"{t}: {len(qs)} queries, {sum(len(q.candidates) for q in qs)} candidates", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from keyrank.evaluation import farrelevant, qmsum, squad
@@ -11,24 +13,59 @@ from keyrank.tokenize import TextTokenizer
 
 TASKS = ("qmsum", "farrel", "farrel-bare", "squad")
 """Every query list the evaluation knows; ``farrel-bare`` is the short-document ceiling of ``farrel``."""
+USER_TASKS = ("trec",)
+"""Query lists from the user's own files (TrecFiles), never part of ``all``."""
 ALIASES = {"all": TASKS, "farrel": ("farrel", "farrel-bare")}
 """What a --task name on the command line expands to."""
+
+
+@dataclass(frozen=True)
+class TrecFiles:
+    """A user's judged data in TREC form, as `keyrank finetune` reads it (training/judged.py)."""
+
+    qrels: Path
+    """``qid 0 docid grade`` lines."""
+    docs: Path
+    """JSONL ``{"id", "text"}`` documents."""
+    queries: Path
+    """TSV ``qid<TAB>text`` or JSONL ``{"id", "text"}``."""
+    run: Path | None = None
+    """A first-stage run whose top ``depth`` documents join each query's judged ones."""
+    depth: int = 100
+    """Candidates taken from ``run`` per query."""
+    relevant_from: int = 1
+    """The lowest grade that counts as relevant (TREC DL: 2)."""
+
+
+def trec_queries(files: TrecFiles) -> list[EvalQuery]:
+    """The files' queries with at least one relevant candidate (the others say nothing about a ranking)."""
+    from keyrank.training.judged import from_trec
+
+    judged = from_trec(files.qrels, files.docs, files.queries, run_path=files.run, depth=files.depth,
+                       relevant_from=files.relevant_from)
+    queries = [q.as_eval_query() for q in judged if q.positives]
+    if not queries:
+        raise ValueError(f"no query in {files.qrels} has a candidate graded >= {files.relevant_from} among its documents "
+                         f"in {files.docs}: nothing to measure (check the ids, or lower the relevant grade)")
+    if len(queries) < len(judged):
+        print(f"trec: {len(judged) - len(queries)} queries without a relevant candidate left out", file=sys.stderr)
+    return queries
 
 
 def expand(names: list[str]) -> list[str]:
     """Command-line task names to task list, in TASKS order, without duplicates."""
     wanted = {t for name in names for t in ALIASES.get(name, (name,))}
-    unknown = wanted - set(TASKS)
+    unknown = wanted - set(TASKS + USER_TASKS)
     if unknown:
-        raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS + tuple(ALIASES)}")
-    return [t for t in TASKS if t in wanted]
+        raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS + USER_TASKS + tuple(ALIASES)}")
+    return [t for t in TASKS + USER_TASKS if t in wanted]
 
 
 def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed: int = 0,
           max_queries: int | None = None, segment_tokens: int = qmsum.SEGMENT_TOKENS,
           offsets: tuple[int, ...] = farrelevant.OFFSETS,
           distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics",
-          dl20_topics: str = "held-back") -> list[EvalQuery]:
+          dl20_topics: str = "held-back", trec: TrecFiles | None = None) -> list[EvalQuery]:
     """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries.
 
     ``dl20_topics``: ``held-back`` (default: the topics `keyrank finetune` never trains on,
@@ -47,6 +84,10 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
         return farrelevant.build_bare(data_dir, tokenizer, seed=seed, distractors=distractors, topics=topics)
     elif task == "squad":
         queries = squad.build(data_dir, seed=seed)
+    elif task == "trec":
+        if trec is None:
+            raise ValueError("the trec task reads your files: give --qrels, --docs and --queries")
+        queries = trec_queries(trec)
     else:
         raise ValueError(f"unknown task {task!r}")
     return subsample(queries, max_queries, seed)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keyrank.config import SELECTORS, STRATEGIES, Settings
+from keyrank.evaluation import tasks
 from keyrank.evaluation.compare import paired_difference
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.queries import EvalQuery
@@ -95,22 +96,6 @@ def choose(per_query_scores: dict[str, dict[str, float]], cost: dict[str, float]
         return best, diffs
     tied = [s for s, (_, _, high, _) in diffs.items() if high >= 0]
     return min(tied, key=lambda s: (cost[s], -means[s])), diffs
-
-
-def judged_queries(args: argparse.Namespace) -> list[EvalQuery]:
-    """The TREC files as evaluation queries; queries without a relevant candidate say nothing and are left out."""
-    from keyrank.training.judged import from_trec
-
-    judged = from_trec(args.qrels, args.docs, args.queries, run_path=args.run, depth=args.depth,
-                       relevant_from=args.relevant_from)
-    queries = [q.as_eval_query() for q in judged if q.positives]
-    skipped = len(judged) - len(queries)
-    if not queries:
-        raise SystemExit(f"no query in {args.qrels} has a candidate graded >= {args.relevant_from} among its documents "
-                         f"in {args.docs}: nothing to tune on (check the ids, or lower --relevant-from)")
-    if skipped:
-        print(f"tune: {skipped} queries without a relevant candidate left out", file=sys.stderr)
-    return queries
 
 
 async def _rank_all(args, settings: Settings, queries: list[EvalQuery], systems_: list[Candidate]) -> dict[str, list]:
@@ -196,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = Settings(**({"model_dir": args.model_dir} if args.model_dir else {}))
     if not (settings.gateway_dir / "tokenizer.json").exists():
         raise SystemExit(f"{settings.gateway_dir / 'tokenizer.json'} not found: run `keyrank prepare` first (or pass --model-dir)")
-    queries = judged_queries(args)
+    try:
+        queries = tasks.trec_queries(tasks.TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from))
+    except ValueError as exc:
+        raise SystemExit(f"keyrank tune: {exc}") from None
     systems_ = candidates(args.strategies, args.selectors, args.keyb2 or [""])
     print(f"tune: {len(systems_)} systems on {len(queries)} queries", file=sys.stderr)
     runs = asyncio.run(_rank_all(args, settings, queries, systems_))
