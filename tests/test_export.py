@@ -74,7 +74,8 @@ def test_prepare_writes_the_triton_repositories_and_gateway_assets(prepared_mode
     assert [p for p in expected if not (prepared_models / p).is_file()] == []
     production = prepared_models / "triton/cross_encoder/1/model.onnx"
     embedded = prepared_models / "triton-embedded/cross_encoder/1/model.onnx"
-    assert production.read_bytes() == embedded.read_bytes()
+    # The embedded repository serves the gated CPU variant (fused by default; tests/test_variants.py), not the GPU's graph.
+    assert embedded.read_bytes() == (prepared_models / "cpu/cross_encoder/model.fused.onnx").read_bytes() != production.read_bytes()
     package = Path(export.__file__).parent.parent / "modelserver" / "python_models"
     for name in ("model.py", "grouping.py"):  # the model and the grouping it shares with the GPU variant, as shipped
         assert (prepared_models / "triton-embedded/cross_encoder/1" / name).read_text() == (package / name).read_text()

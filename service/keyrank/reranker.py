@@ -238,7 +238,8 @@ class Reranker:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
         pipeline = Pipeline.from_model_dir(settings)
-        onnx = settings.model_dir / "triton" / settings.triton_model / "1" / "model.onnx"
+        # The CPU variant `keyrank prepare --cpu-variant` gated: the same file the embedded Triton serves.
+        onnx = settings.model_dir / "triton-embedded" / settings.triton_model / "1" / "model.onnx"
         scorer = LocalScorer(
             onnx, pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads,
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,

@@ -82,8 +82,10 @@ def triton_config(
     return "\n".join(lines) + "\n"
 
 
-def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size: int, instances: int) -> None:
-    """Configs and model.py of both repositories; the embedded one shares the production model.onnx."""
+def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size: int, instances: int,
+                       cpu_model: Path | None = None) -> None:
+    """Configs and model.py of both repositories; the embedded one serves ``cpu_model`` (the CPU variant
+    `keyrank prepare` chose and gated), else the production model.onnx."""
     shape = {"hidden_size": ce["hidden_size"], "num_labels": ce["num_labels"],
              "max_batch_size": max_batch_size, "max_length": ce["max_length"]}
     production = out / "triton" / MODEL_NAME
@@ -94,7 +96,7 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
     code = Path(__file__).parent / "python_models"
     for name in ("model.py", "grouping.py"):  # the model and the request grouping it shares with the GPU variant
         write_if_changed(version / name, (code / name).read_text())
-    source, target = production / "1" / "model.onnx", version / "model.onnx"
+    source, target = cpu_model or production / "1" / "model.onnx", version / "model.onnx"
     if not _same_file(source, target):
         tmp = target.with_suffix(".onnx.tmp")
         tmp.unlink(missing_ok=True)

@@ -76,12 +76,12 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
         instruction=instruction or DEFAULT_INSTRUCTION,
     )
     save_tokenizer(tokenizer.backend_tokenizer, gateway / "tokenizer.json", truncate_at=None)
-    text_tokenizer = _serving_tokenizer(gateway / "tokenizer.json", template)
+    text_tokenizer = serving_tokenizer(gateway / "tokenizer.json", template)
     if not decoder:
         _check_pair_encoding(tokenizer, text_tokenizer, template)
-    batch = _template_batch(text_tokenizer, template, CHECK_PAIRS)
+    batch = template_batch(text_tokenizer, template, CHECK_PAIRS)
     # Traced on a smaller batch than it is checked on: a shape frozen into the graph then fails the check.
-    dummy = _template_batch(text_tokenizer, template, CHECK_PAIRS[:2])
+    dummy = template_batch(text_tokenizer, template, CHECK_PAIRS[:2])
     if decoder:
         wrapper = wrapper_classes()[2](hf_model, *template.yes_no).eval()
         head_name = "lm_head[yes] - lm_head[no]"
@@ -127,13 +127,13 @@ def export_cross_encoder(checkpoint: Path, onnx_path: Path, gateway: Path, atol:
     }
 
 
-def _serving_tokenizer(path: Path, template):
+def serving_tokenizer(path: Path, template):
     from keyrank.tokenize import TextTokenizer
 
     return TextTokenizer.from_file(path, text_lead=template.text_lead, special_ids=template.special_ids)
 
 
-def _template_batch(text_tokenizer, template, pairs, query_max_tokens: int = 32):
+def template_batch(text_tokenizer, template, pairs, query_max_tokens: int = 32):
     """The check pairs as the gateway frames them (query cap, document cut to the budget), right-padded."""
     import torch
 

