@@ -87,15 +87,18 @@ def test_a_block_without_query_terms_scores_zero(k1, b):
 # --------------------------------------------------------------------------- the served path
 
 
+@pytest.mark.parametrize("source", ["document", "general", "request"])
 @pytest.mark.parametrize("cache_bytes", [0, 64 << 20], ids=["no-cache", "document-cache"])
-def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(prepared_models, cache_bytes):
+def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(prepared_models, cache_bytes, source):
     """Pipeline -> document cache -> select.bm25.score_blocks: every block of two documents, scored with the
-    request's IDF, equals bm25_scores (tested against rank-bm25 above) over those blocks' terms, cached or not."""
+    source's IDF, equals bm25_scores (tested against rank-bm25 above) over those blocks' terms, cached or
+    not: the cache keeps terms, which no IDF source changes."""
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline, RerankOptions
     from keyrank.select import get_selector
+    from keyrank.select.bm25 import general_table
 
-    settings = Settings(model_dir=prepared_models, triton_url="unused", document_cache_bytes=cache_bytes)
+    settings = Settings(model_dir=prepared_models, triton_url="unused", document_cache_bytes=cache_bytes, bm25_idf=source)
     pipeline = Pipeline.from_model_dir(settings)
     query = "budget of the remote control"
     docs = ["The remote control budget is 12.50 euros. " * 6 + "Lunch was fine. " * 30,
@@ -105,8 +108,10 @@ def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(pre
         served = get_selector("bm25").scorer()(pipeline, query, cut.query, cut.docs, cut.pieces)
         blocks = [d.ids[a:b] for d, sp in zip(cut.docs, cut.pieces) for a, b in zip(sp.starts, sp.ends)]
         flat = block_terms(blocks, pipeline.is_term)
-        expected = bm25_scores(cut.query.ids[pipeline.is_term[cut.query.ids]], flat, k1=0.9, b=0.4)
-        np.testing.assert_allclose(np.concatenate(served), expected, rtol=1e-12)
+        expected = bm25_scores(cut.query.ids[pipeline.is_term[cut.query.ids]], flat, k1=0.9, b=0.4,
+                               idf_table=general_table(pipeline.tokenizer) if source == "general" else None,
+                               per_document=None if source == "request" else [len(sp) for sp in cut.pieces])
+        np.testing.assert_array_equal(np.concatenate(served), expected)
         assert [len(s) for s in served] == [len(sp) for sp in cut.pieces]
     best_doc0 = int(np.argmax(served[0]))
     assert "remote control budget" in cut.docs[0].text[slice(*cut.docs[0].char_span(cut.pieces[0].starts[best_doc0], cut.pieces[0].ends[best_doc0]))]

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
@@ -49,7 +49,8 @@ class Settings(BaseSettings):
     # --- selectors -----------------------------------------------------------
     bm25_k1: float = Field(0.9, description="BM25 k1 (Anserini default).")
     bm25_b: float = Field(0.4, description="BM25 b (Anserini default).")
-    bm25_idf_table: Path | None = Field(None, description="JSON {term: idf}; unset = smoothed IDF over the request's blocks.")
+    bm25_idf: Literal["document", "table", "general", "request"] = Field("document", description="Where BM25's IDF comes from: 'document' = the document's own blocks; 'table' = bm25_idf_table (`keyrank idf`); 'general' = the table shipped with keyrank; 'request' = all blocks of the request's candidates (a document's score then depends on the others). All but 'request' give a document the same score in any request (docs/SELECTION.md).")
+    bm25_idf_table: Path | None = Field(None, description="JSON {term: idf} (`keyrank idf --docs corpus.jsonl --out idf.json`) for bm25_idf=table; setting it alone selects 'table'.")
     dense_cache_size: int = Field(200_000, description="Block embeddings kept in the dense selector's LRU cache.")
     dense_batch_size: int = Field(64, description="Blocks per bi-encoder ONNX Runtime call.")
     dense_threads: int = Field(0, description="ONNX Runtime intra-op threads for the bi-encoder; 0 = library default.")
@@ -109,6 +110,16 @@ class Settings(BaseSettings):
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
     embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
     triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
+
+    @model_validator(mode="after")
+    def _idf_source(self) -> Settings:
+        if self.bm25_idf_table is not None and "bm25_idf" not in self.model_fields_set:
+            self.bm25_idf = "table"  # KEYRANK_BM25_IDF_TABLE alone, as before issue 19: the table is what is wanted
+        if self.bm25_idf == "table" and self.bm25_idf_table is None:
+            raise ValueError("bm25_idf=table needs bm25_idf_table (KEYRANK_BM25_IDF_TABLE): a JSON {term: idf}, e.g. from `keyrank idf`")
+        if self.bm25_idf != "table" and self.bm25_idf_table is not None:
+            raise ValueError(f"bm25_idf_table is set but bm25_idf={self.bm25_idf} does not read it: unset one or set bm25_idf=table")
+        return self
 
     def with_overrides(self, **overrides: object) -> Settings:
         """A copy with some fields replaced, validated like the environment would be."""

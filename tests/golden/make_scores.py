@@ -5,7 +5,11 @@ Run against a code tree and a prepared model (``keyrank prepare --model ../share
     PYTHONPATH=<tree>/service python tests/golden/make_scores.py <model dir> > tests/golden/scores.json
 
 ``scores.json`` was made this way on the commit before the request path was redesigned (08bba45);
-tests/test_golden.py runs the same request on the current code and compares.
+tests/test_golden.py runs the same request on the current code and compares. Issue 19 changed where
+BM25's IDF comes from by default (``KEYRANK_BM25_IDF``); on this request the two cases that read BM25
+(keyb2/bm25, keyb2/hybrid) kept every score and evidence span. The ``@request`` cases were added then:
+the old per-request IDF, now an option, which must keep the numbers those cases had before it (they do,
+to the last digit).
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ DOCUMENTS = [
 ]
 CASES = [("firstp", None), ("maxp", None), ("sump", None), ("avgp", None), ("parade-max", None), ("parade-avg", None),
          ("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "hybrid"), ("keyb2", "cross")]
+IDF_CASES = [("keyb2", "bm25", "request"), ("keyb2", "hybrid", "request")]
+"""(strategy, selector, bm25_idf): the per-request IDF option, which must keep the numbers of before issue 19."""
+
+
+def _case(ranking) -> dict:
+    return {
+        "scores": {str(r.index): round(r.score, 5) for r in ranking.results},
+        "evidence": {str(r.index): [[e.start, e.end] for e in r.evidence] for r in ranking.results},
+        "scored_tokens": ranking.usage.scored_tokens,
+    }
 
 
 def scores(model_dir: str) -> dict:
@@ -35,12 +49,10 @@ def scores(model_dir: str) -> dict:
     out = {}
     with Reranker.local(model_dir) as reranker:
         for strategy, selector in CASES:
-            ranking = reranker.rank(QUERY, DOCUMENTS, strategy=strategy, selector=selector)
-            out[strategy + (f"/{selector}" if selector else "")] = {
-                "scores": {str(r.index): round(r.score, 5) for r in ranking.results},
-                "evidence": {str(r.index): [[e.start, e.end] for e in r.evidence] for r in ranking.results},
-                "scored_tokens": ranking.usage.scored_tokens,
-            }
+            out[strategy + (f"/{selector}" if selector else "")] = _case(reranker.rank(QUERY, DOCUMENTS, strategy=strategy, selector=selector))
+    for strategy, selector, idf in IDF_CASES:
+        with Reranker.local(model_dir, bm25_idf=idf) as reranker:
+            out[f"{strategy}/{selector}@{idf}"] = _case(reranker.rank(QUERY, DOCUMENTS, strategy=strategy, selector=selector))
     return out
 
 

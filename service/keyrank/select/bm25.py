@@ -1,29 +1,46 @@
 """BM25 over the blocks of a request, on the cross-encoder's word pieces.
 
-Every block of every candidate document is one BM25 "document"; IDF comes from
-that set (smoothed as scikit-learn does: ln((1 + N) / (1 + df)) + 1, so a term
-in every block still counts a little) unless a table is configured. Defaults
-k1 = 0.9, b = 0.4 (Anserini). Terms are token ids; punctuation-only pieces are
-not terms. Computed for all blocks at once with bincount: no Python loop over
-blocks or terms.
+Every block is one BM25 "document". Where IDF and the average block length
+come from is ``bm25_idf`` (docs/SELECTION.md, "IDF sources"):
+
+- ``document``: the document's own blocks (smoothed as scikit-learn does:
+  ln((1 + N) / (1 + df)) + 1, so a term in every block still counts a little);
+- ``table``: a ``{token: idf}`` table of the user's collection (``keyrank idf``,
+  ``bm25_idf_table``); ``general``: the table shipped with keyrank (idf.py);
+  with both, the average block length is the document's own;
+- ``request``: all blocks of all candidates of the request (keyrank before
+  issue 19): a document's score then depends on the other candidates.
+
+The first three give a document the same block scores whatever else is sent.
+Defaults k1 = 0.9, b = 0.4 (Anserini). Terms are token ids; punctuation-only
+pieces are not terms. Computed for all blocks at once with bincount: no Python
+loop over blocks or terms.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keyrank.segment import Spans, per_document
+from keyrank.segment import Spans
+from keyrank.segment import per_document as per_document_split
 from keyrank.tokenize import TextTokenizer
 
 if TYPE_CHECKING:
     from keyrank.pipeline import Pipeline
     from keyrank.tokenize import Encoded
+
+
+GENERAL_TABLE = Path(__file__).with_name("idf-general.json.gz")
+"""The general IDF table shipped with keyrank (package data, built by ``keyrank idf --general``), on the BERT
+uncased WordPiece vocabulary of ``ce-minilm-l6`` (MiniLM and most MS MARCO cross-encoders share it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +97,7 @@ def smoothed_idf(df: np.ndarray, n_blocks: int) -> np.ndarray:
 
 
 class IdfTable:
-    """A configured IDF table ({token: idf}, JSON) for when a request's blocks are too few to estimate IDF."""
+    """An IDF table ({token: idf}, JSON, gzipped or not): a collection's (``keyrank idf``) or the shipped general one."""
 
     def __init__(self, table: dict[int, float], default: float):
         self.table = table
@@ -88,7 +105,10 @@ class IdfTable:
 
     @classmethod
     def from_json(cls, path: Path, tokenizer: TextTokenizer) -> IdfTable:
-        raw = json.loads(Path(path).read_text())
+        path = Path(path)
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            raw = json.load(f)
         table = {}
         for token, idf in raw.items():
             token_id = tokenizer.token_to_id(token)
@@ -108,8 +128,13 @@ def bm25_scores(
     k1: float = 0.9,
     b: float = 0.4,
     idf_table: IdfTable | None = None,
+    per_document: np.ndarray | None = None,
 ) -> np.ndarray:
-    """float64 [B]: BM25 score of every block for the query (query terms counted with multiplicity)."""
+    """float64 [B]: BM25 score of every block for the query (query terms counted with multiplicity).
+
+    ``per_document`` (int [D], blocks of each document, in order, summing to B): IDF (unless a table is
+    given) and the average block length come from each document's own blocks, so a block's score does not
+    depend on the other documents. None: all blocks are one collection (the per-request IDF)."""
     n_blocks = blocks.lengths.shape[0]
     if n_blocks == 0 or query_terms.shape[0] == 0:
         return np.zeros(n_blocks, dtype=np.float64)
@@ -120,23 +145,51 @@ def bm25_scores(
     hit = vocab[pos] == blocks.terms
     q = vocab.shape[0]
     tf = np.bincount(blocks.block_of[hit] * q + pos[hit], minlength=n_blocks * q).reshape(n_blocks, q)
+    if per_document is None:
+        if idf_table is None:
+            idf = smoothed_idf((tf > 0).sum(axis=0), n_blocks)
+        else:
+            idf = idf_table.lookup(vocab)
+        avgdl = max(float(blocks.lengths.mean()), 1e-9)
+        norm = k1 * (1.0 - b + b * blocks.lengths / avgdl)
+        return _saturate(tf, norm, k1) @ (idf * query_tf)
+    counts = np.asarray(per_document, dtype=np.int64)
+    doc = np.repeat(np.arange(counts.shape[0]), counts)
     if idf_table is None:
-        idf = smoothed_idf((tf > 0).sum(axis=0), n_blocks)
+        df = np.zeros((counts.shape[0], q), dtype=np.int64)
+        np.add.at(df, doc, tf > 0)  # blocks of each document holding each query term
+        idf = smoothed_idf(df, counts[:, None])[doc]  # [B, q]: each block its document's IDF
     else:
-        idf = idf_table.lookup(vocab)
-    avgdl = max(float(blocks.lengths.mean()), 1e-9)
-    norm = k1 * (1.0 - b + b * blocks.lengths / avgdl)
-    # An empty block with b = 1 has norm 0; its tf is 0 too, and so is its score.
+        idf = idf_table.lookup(vocab)[None, :]
+    # Sums in a document's own block order: the same blocks give the same bits in any request.
+    avgdl = np.array([max(float(blocks.lengths[a:z].mean()), 1e-9) if z > a else 1.0
+                      for a, z in zip(np.cumsum(counts) - counts, np.cumsum(counts))])
+    norm = k1 * (1.0 - b + b * blocks.lengths / avgdl[doc])
+    # Row-wise products and sums (no BLAS): one block's score is computed the same way whatever else is in the call.
+    return (_saturate(tf, norm, k1) * (idf * query_tf)).sum(axis=1)
+
+
+def _saturate(tf: np.ndarray, norm: np.ndarray, k1: float) -> np.ndarray:
+    """tf (k1 + 1) / (tf + norm); an empty block with b = 1 has norm 0, its tf is 0 too, and so is its score."""
     denominator = tf + norm[:, None]
-    saturated = np.divide(tf * (k1 + 1.0), denominator, out=np.zeros(tf.shape), where=denominator > 0)
-    return saturated @ (idf * query_tf)
+    return np.divide(tf * (k1 + 1.0), denominator, out=np.zeros(tf.shape), where=denominator > 0)
 
 
 def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-    """The ``bm25`` selector: every block of every document scored against the query's terms. The blocks'
-    terms come from the document cache (doc_cache.py), extracted by ``block_terms`` with the pipeline's term mask."""
+    """The ``bm25`` selector: every block of every document scored against the query's terms, IDF from the
+    ``bm25_idf`` source. The blocks' terms come from the document cache (doc_cache.py), extracted by
+    ``block_terms`` with the pipeline's term mask; they do not depend on the source, so the cache serves all."""
     flat = pipeline.documents.block_terms(docs, pieces, pipeline.is_term)
     query_terms = query.ids[pipeline.is_term[query.ids]]
     s = pipeline.settings
-    scores = bm25_scores(query_terms, flat, k1=s.bm25_k1, b=s.bm25_b, idf_table=pipeline.idf)
-    return per_document(scores, pieces)
+    source = s.bm25_idf
+    table = {"table": pipeline.idf, "general": general_table(pipeline.tokenizer) if source == "general" else None}.get(source)
+    per_document = None if source == "request" else np.fromiter((len(sp) for sp in pieces), dtype=np.int64, count=len(pieces))
+    scores = bm25_scores(query_terms, flat, k1=s.bm25_k1, b=s.bm25_b, idf_table=table, per_document=per_document)
+    return per_document_split(scores, pieces)
+
+
+@lru_cache(maxsize=4)
+def general_table(tokenizer: TextTokenizer) -> IdfTable:
+    """The IDF table shipped with keyrank (``keyrank idf --general``, idf.py), on this tokenizer's ids; read once."""
+    return IdfTable.from_json(GENERAL_TABLE, tokenizer)

@@ -39,8 +39,7 @@ from keyrank.select.bm25 import smoothed_idf
 from keyrank.tokenize import TextTokenizer
 
 GENERAL_TABLE = Path(__file__).with_name("idf-general.json.gz")
-"""The general table shipped with keyrank (package data), on the BERT uncased WordPiece vocabulary of
-``ce-minilm-l6`` (MiniLM and most MS MARCO cross-encoders share it); another vocabulary builds its own."""
+"""Where ``--general`` writes by default: the table shipped as package data (``bm25.GENERAL_TABLE`` reads it)."""
 GENERAL_BLOCK_TERMS = 63
 """L of the general table: a CogLTX block's size limit in tokens (``block_max_tokens``), the unit BM25 scores."""
 BATCH = 256
@@ -125,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--docs", type=Path, help='JSONL, one {"text": ...} (or {"id": ..., "text": ...}) per line')
     source.add_argument("--general", action="store_true", help="the general table from wordfreq's English frequencies")
-    p.add_argument("--out", type=Path, required=True, help="the table (JSON; gzipped if it ends in .gz)")
+    p.add_argument("--out", type=Path, default=None, help=f"the table (JSON; gzipped if it ends in .gz); --general: default {GENERAL_TABLE.name} in the package")
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare` whose tokenizer is used (default: settings)")
     p.add_argument("--block-terms", type=int, default=GENERAL_BLOCK_TERMS, help="--general: terms per modelled block")
     return p
@@ -146,7 +145,12 @@ def tokenizer_of(model_dir: Path | None) -> tuple[TextTokenizer, np.ndarray]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.out is None:
+        if not args.general:
+            p.error("--out is required with --docs")
+        args.out = GENERAL_TABLE
     tokenizer, is_term = tokenizer_of(args.model_dir)
     if args.general:
         table = general_idf(tokenizer, is_term, args.block_terms)
