@@ -27,7 +27,9 @@ def _long_document(words: int, seed: int) -> str:
 
 def _counted(outcome: str, strategy: str = "maxp") -> float:
     labels = {"endpoint": "/rerank", "strategy": strategy, "outcome": outcome}
-    return REGISTRY.get_sample_value("keyrank_requests_total", labels) or 0.0
+    # summed over the model label (one model here)
+    return sum(s.value for family in REGISTRY.collect() if family.name == "keyrank_requests" for s in family.samples
+               if s.name == "keyrank_requests_total" and labels.items() <= s.labels.items())
 
 
 def _impatient_client(url: str, stop: threading.Event, seed: int, sent: list[int]) -> None:

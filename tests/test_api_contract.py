@@ -129,7 +129,9 @@ def test_limit_errors_say_limit_exceeded_and_name_the_field(client):
 
 def _requests_counted(endpoint: str, strategy: str, outcome: str) -> float:
     labels = {"endpoint": endpoint, "strategy": strategy, "outcome": outcome}
-    return REGISTRY.get_sample_value("keyrank_requests_total", labels) or 0.0
+    # summed over the model label (one model here)
+    return sum(s.value for family in REGISTRY.collect() if family.name == "keyrank_requests" for s in family.samples
+               if s.name == "keyrank_requests_total" and labels.items() <= s.labels.items())
 
 
 def test_bad_requests_are_counted_as_invalid(client):
@@ -181,7 +183,7 @@ def _scraped(text: str, sample: str) -> float:
 
 
 def test_metrics_count_each_request_in_prometheus_format(client):
-    sample = 'keyrank_requests_total{endpoint="/rerank",outcome="invalid",strategy="-"}'
+    sample = 'keyrank_requests_total{endpoint="/rerank",model="-",outcome="invalid",strategy="-"}'
     before = _scraped(client.get("/metrics").text, sample)
     client.post("/rerank", json={**OK, "top_n": 0})
     response = client.get("/metrics")

@@ -35,7 +35,7 @@ def test_one_keyb2_request_moves_every_metric_by_what_it_did(gateway_url):
     body = response.json()
     after = _samples(gateway_url)
 
-    assert _delta(before, after, "keyrank_requests_total", endpoint="/rerank", strategy="keyb2", outcome="ok") == 1
+    assert _delta(before, after, "keyrank_requests_total", endpoint="/rerank", strategy="keyb2", outcome="ok", model=body["model"]) == 1
     for stage in ("tokenize", "segment", "select", "assemble", "infer", "aggregate", "total"):
         assert _delta(before, after, "keyrank_stage_seconds_count", stage=stage) == 1, stage
         assert _delta(before, after, "keyrank_stage_seconds_sum", stage=stage) > 0, stage

@@ -7,6 +7,7 @@ can live with; every limit is answered by a 4xx that names it.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,8 @@ class Settings(BaseSettings):
     model_dir: Path = Field(Path("models"), description="Output of `keyrank prepare`: triton/, triton-embedded/, gateway/.")
     triton_url: str | None = Field(None, description="host:port of an external Triton's gRPC endpoint; unset = embedded Triton started by `keyrank serve`.")
     triton_model: str = Field("cross_encoder", description="Name of the cross-encoder in the Triton repository.")
+    models: str | None = Field(None, description="Several prepared models served side by side, 'name=folder,name=folder' (`keyrank serve --models`): a request's `model` picks one by name, answers report that name, and each is the Triton model of that name (external Triton: one entry per name). Unset = one model from model_dir, named by model_name.")
+    default_model: str | None = Field(None, description="The model of a request that names none: one of the names in models; unset = the first.")
     host: str = Field("127.0.0.1", description="Gateway bind address.")
     port: int = Field(8080, description="Gateway port.")
     workers: int = Field(1, description="Uvicorn worker processes (each with its own Triton client).")
@@ -127,11 +130,41 @@ class Settings(BaseSettings):
             return self
         return type(self).model_validate({**self.model_dump(), **overrides})
 
+    def served_models(self) -> dict[str, Path]:
+        """``models`` as {name: folder}, the default first; {} when unset (one model, ``model_dir``).
+        Raises ValueError naming the setting for a malformed list or an unknown default."""
+        if not self.models:
+            if self.default_model:
+                raise ValueError("default_model (KEYRANK_DEFAULT_MODEL) is set but models (KEYRANK_MODELS) is not: name the models to choose from")
+            return {}
+        served: dict[str, Path] = {}
+        for entry in self.models.split(","):
+            name, sep, folder = (part.strip() for part in entry.partition("="))
+            if not sep or not folder or not MODEL_NAME_PATTERN.fullmatch(name):
+                raise ValueError(
+                    f"models (KEYRANK_MODELS): {entry.strip()!r} is not name=folder with a name of letters, digits, '.', '_', '-' "
+                    "(at most 64, starting with a letter or digit), e.g. base=models,ft=models-ft"
+                )
+            if name in served:
+                raise ValueError(f"models (KEYRANK_MODELS): the name {name!r} is given twice")
+            served[name] = Path(folder)
+        default = self.default_model or next(iter(served))
+        if default not in served:
+            raise ValueError(f"default_model (KEYRANK_DEFAULT_MODEL) {default!r} is not one of models: {', '.join(served)}")
+        return {default: served[default], **served}
+
+    def for_model(self, name: str, folder: Path) -> Settings:
+        """The settings of one served model: its folder, its Triton model (its name), the name answers report."""
+        return self.with_overrides(model_dir=folder, triton_model=name, model_name=name)
+
     @property
     def gateway_dir(self) -> Path:
         """Gateway-side assets: tokenizer, classifier head, bi-encoder."""
         return self.model_dir / "gateway"
 
+
+MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+"""A served model's name: also its Triton model name and a folder name in the embedded repository."""
 
 ENV_FILE_VARIABLE = "KEYRANK_ENV_FILE"
 """Names a file of ``KEYRANK_*=value`` lines read under the environment (which wins), e.g. what

@@ -13,7 +13,9 @@ STAGE_SECONDS = Histogram(
     "keyrank_stage_seconds", "Wall time per pipeline stage of one request.", ["stage"], buckets=_LATENCY_BUCKETS
 )
 REQUESTS = Counter(
-    "keyrank_requests_total", "Rerank requests by endpoint, strategy and outcome (ok, invalid, overloaded, unavailable, client_closed, error).", ["endpoint", "strategy", "outcome"]
+    "keyrank_requests_total",
+    "Rerank requests by endpoint, strategy, outcome (ok, invalid, overloaded, unavailable, client_closed, error) and model (its served name; '-' before one was chosen).",
+    ["endpoint", "strategy", "outcome", "model"],
 )
 IN_FLIGHT = Gauge("keyrank_in_flight_requests", "Rerank requests being processed.")
 REQUEST_DOCUMENTS = Histogram("keyrank_request_documents", "Documents per request.", buckets=_COUNT_BUCKETS)

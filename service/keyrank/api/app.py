@@ -24,27 +24,39 @@ from keyrank.reranker import Reranker
 SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on a Triton cross-encoder."
 
 
-def create_app(settings: Settings | None = None, reranker: Reranker | None = None) -> FastAPI:
-    """The gateway. Without ``reranker`` the lifespan builds one from ``settings`` and closes it;
-    a reranker passed in (or put on ``app.state.reranker`` before start) belongs to the caller and is left open."""
+def create_app(
+    settings: Settings | None = None, reranker: Reranker | None = None, rerankers: dict[str, Reranker] | None = None
+) -> FastAPI:
+    """The gateway. Without ``reranker`` the lifespan builds one from ``settings`` and closes it, or one per
+    model when ``settings.models`` names several (``rerankers``: {name: Reranker}, the default first); rerankers
+    passed in (or put on ``app.state`` before start) belong to the caller and are left open."""
     settings = settings or get_settings()
+    served = settings.served_models()  # a malformed KEYRANK_MODELS fails here, naming the setting
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if app.state.reranker is not None:
             yield
             return
-        app.state.reranker = built = Reranker(settings)
+        if served:
+            built = {name: Reranker(settings.for_model(name, folder)) for name, folder in served.items()}
+        else:
+            built = {"": Reranker(settings)}
+        app.state.rerankers = built if served else None
+        app.state.reranker = next(iter(built.values()))
         try:
             yield
         finally:
-            await built.aclose()
-            if app.state.reranker is built:
-                app.state.reranker = None
+            for each in built.values():
+                await each.aclose()
+            app.state.reranker = app.state.rerankers = None
 
     app = FastAPI(title="keyrank", summary=SUMMARY, version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
-    app.state.reranker = reranker
+    # {name: Reranker} when several models are served (a request's ``model`` picks one), else None;
+    # app.state.reranker is the default model's.
+    app.state.rerankers = dict(rerankers) if rerankers else None
+    app.state.reranker = reranker or (next(iter(rerankers.values())) if rerankers else None)
     app.state.admission = AdmissionQueue(settings)
     # add_middleware wraps from the outside in: the request id is set before the key and the size are checked.
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)

@@ -76,10 +76,12 @@ _TEI_ERROR_TYPES = {429: "Overloaded", 503: "Unhealthy"}
 
 
 def record(request: Request, outcome: str) -> None:
-    """One count per rerank request; the strategy label is '-' when the body never parsed."""
+    """One count per rerank request; the strategy and model labels are '-' when the body never parsed (or
+    named no served model)."""
     if request.url.path in RERANK_PATHS:
         strategy = getattr(request.state, "strategy", "-")
-        metrics.REQUESTS.labels(request.url.path, strategy, outcome).inc()
+        model = getattr(request.state, "model", "-")
+        metrics.REQUESTS.labels(request.url.path, strategy, outcome, model).inc()
 
 
 def error_response(

@@ -74,12 +74,15 @@ def install(app: FastAPI) -> None:
         app.include_router(router)
 
 
-def _model_name(request: Request) -> str:
-    """The served model as answers name it: KEYRANK_MODEL_NAME, else the prepared folder's name or hub id."""
+def _model_names(request: Request) -> list[str]:
+    """The served models as answers name them, the default first: KEYRANK_MODELS' names, else one:
+    KEYRANK_MODEL_NAME, else the prepared folder's name or hub id."""
+    if request.app.state.rerankers:
+        return list(request.app.state.rerankers)
     settings = request.app.state.settings
     reranker = request.app.state.reranker
     name = settings.model_name or (reranker.model_name if reranker is not None else "") or ""
-    return PurePath(name).name if name.startswith(("/", ".", "~", "\\")) else name
+    return [m for m in [PurePath(name).name if name.startswith(("/", ".", "~", "\\")) else name] if m]
 
 
 @cache
@@ -95,7 +98,7 @@ async def playground(request: Request) -> HTMLResponse:
         "selectorStrategies": [name for name, spec in REGISTRY.items() if spec.needs_selector],
         "selectors": list(SELECTORS),
         "defaults": {"strategy": settings.default_strategy, "selector": settings.default_selector},
-        "models": [m for m in [_model_name(request)] if m],
+        "models": _model_names(request),
         "keyRequired": settings.api_key is not None,
         "rerankUrl": f"{request.scope.get('root_path', '')}/rerank",
         "sampleUrl": f"{request.scope.get('root_path', '')}/playground/sample.json",

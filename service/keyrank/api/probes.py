@@ -23,14 +23,15 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get(
-    "/readyz", summary="Readiness: Triton is up and the cross-encoder loaded.", responses={503: NATIVE_ERRORS[503]}
+    "/readyz", summary="Readiness: Triton is up and every served cross-encoder loaded.", responses={503: NATIVE_ERRORS[503]}
 )
 async def readyz(request: Request) -> Response:
     settings: Settings = request.app.state.settings
-    reranker = request.app.state.reranker
+    rerankers = list((request.app.state.rerankers or {}).values()) or [request.app.state.reranker]
     try:
-        # The probe itself must not hang on a dead Triton: bounded by the connect timeout.
-        ready = reranker is not None and await asyncio.wait_for(reranker.ready(), settings.triton_connect_timeout_s)
+        # The probe itself must not hang on a dead Triton: bounded by the connect timeout. Every served model.
+        ready = None not in rerankers and all(await asyncio.wait_for(
+            asyncio.gather(*(r.ready() for r in rerankers)), settings.triton_connect_timeout_s))
     except Exception as exc:  # noqa: BLE001 -- timeout, connection refused, ...: all mean "not ready"
         log.info("readiness probe failed: %r", exc)
         ready = False

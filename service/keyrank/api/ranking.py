@@ -1,6 +1,8 @@
 """The routes' one call into the pipeline: limits, admission, cancellation, blank documents, the count.
 
 In request order:
+0. the model: the request's ``model`` names one of the served models (``choose_model``; absent = the
+   default, an unknown name -> 422 listing the served names);
 1. limits (api/limits.py) -> 422 naming the setting;
 2. admission (keyrank/admission.py): the cost estimated from characters -> 429 + Retry-After when
    the queued work is at its bound, before any tokenizing;
@@ -11,7 +13,8 @@ In request order:
 4. blank documents (nothing to read: empty, whitespace, zero-width, control or format characters,
    combining marks alone) are not worth a score: they never reach the pipeline and rank last
    (``BLANK_DOCUMENT_SCORE``);
-5. one ``keyrank_requests_total`` count per request, whatever the outcome (api/errors.py for the failures).
+5. one ``keyrank_requests_total`` count per request, whatever the outcome, labelled with the model
+   (api/errors.py for the failures).
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from keyrank import metrics
 from keyrank.admission import AdmissionQueue, estimate_sequences
 from keyrank.api.errors import record
 from keyrank.api.limits import check_limits
+from keyrank.api.routes import model_ids
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
-from keyrank.reranker import RankedDocument, Ranking, Usage
+from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
 from keyrank.strategies import get_spec
 
 if TYPE_CHECKING:
@@ -55,11 +59,15 @@ BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
 """Hangul fillers (letters that Unicode marks default-ignorable) and the blank Braille cell."""
 
 
-async def rank(request: Request, query: str, texts: Sequence[str], options: RerankOptions) -> Ranking:
-    """Rank for one HTTP request; raises what api/errors.py turns into answers and counts."""
+async def rank(
+    request: Request, query: str, texts: Sequence[str], options: RerankOptions, model: str | None = None, *, strict: bool = True
+) -> Ranking:
+    """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns
+    into answers and counts."""
     settings: Settings = request.app.state.settings
     spec = get_spec(options.strategy or settings.default_strategy)
     request.state.strategy = spec.name
+    reranker = choose_model(request, model, strict=strict)
     check_limits(query, texts, settings)
     selector = (options.selector or settings.default_selector) if spec.needs_selector else None
     # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
@@ -67,10 +75,10 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     readable = [i for i, flag in enumerate(blank_flags) if not flag]
     blank = [i for i, flag in enumerate(blank_flags) if flag]
     if not readable:
-        ranking = Ranking(request.app.state.reranker.model_name, spec.name, selector, [], Usage(0, 0, 0, 0, 0),
+        ranking = Ranking(reranker.model_name, spec.name, selector, [], Usage(0, 0, 0, 0, 0),
                           {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
     else:
-        ranking = await _rank_readable(request, query, [texts[i] for i in readable], options, spec.name, selector)
+        ranking = await _rank_readable(request, reranker, query, [texts[i] for i in readable], options, spec.name, selector)
         if blank:
             ranking = dataclasses.replace(
                 ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results]
@@ -81,12 +89,27 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     return ranking
 
 
+def choose_model(request: Request, name: str | None, *, strict: bool = True) -> Reranker:
+    """The reranker of the model ``name`` (absent = the default), noted for the request's metrics.
+
+    With several models served (KEYRANK_MODELS) an unknown name is a 422 listing the served ones. With one,
+    ``strict`` (POST /rerank) requires its name; the vendor routes (``strict=False``) rank with it whatever
+    their ``model`` says, as they always did, and name the field in X-Keyrank-Ignored-Fields."""
+    rerankers: dict[str, Reranker] | None = request.app.state.rerankers
+    served = model_ids(request)
+    if name is not None and name not in served and (rerankers or strict):
+        raise InvalidRequest(f"model: unknown model {name!r}; served models: {', '.join(served)}", field="model")
+    chosen = served[0] if name is None or name not in served else name
+    request.state.model = chosen
+    return rerankers[chosen] if rerankers else request.app.state.reranker
+
+
 async def _rank_readable(
-    request: Request, query: str, texts: list[str], options: RerankOptions, strategy: str, selector: str | None
+    request: Request, reranker: Reranker, query: str, texts: list[str], options: RerankOptions, strategy: str, selector: str | None
 ) -> Ranking:
     """Admission, then the pipeline raced against the client's disconnect."""
     settings: Settings = request.app.state.settings
-    template = request.app.state.reranker.template
+    template = reranker.template
     cost = estimate_sequences(strategy, selector, query, texts, settings, frame_tokens=template.frame_tokens,
                               max_tokens_per_doc=options.max_tokens_per_doc, max_windows_per_doc=options.max_windows_per_doc)
     queue: AdmissionQueue = request.app.state.admission
@@ -95,7 +118,7 @@ async def _rank_readable(
     try:
         with metrics.IN_FLIGHT.track_inprogress():
             # top_n is applied after blank documents are put last.
-            work = request.app.state.reranker.arank(query, texts, dataclasses.replace(options, top_n=None))
+            work = reranker.arank(query, texts, dataclasses.replace(options, top_n=None))
             ranking = await unless_disconnected(request.receive, work)
         completed = True
     except (InvalidRequest, ScoringUnavailable, Overloaded, ClientClosed):

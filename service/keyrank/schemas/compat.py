@@ -40,7 +40,7 @@ class V1RerankRequest(VendorRequest):
     )
 
     model: str | None = None
-    """Accepted; the service hosts one model (named in the answer). Listed as ignored when it names another."""
+    """With several models served (KEYRANK_MODELS) it picks one by name (GET /v1/models lists them); unset = the default, another name = 422 listing them. With one model served: accepted, and listed as ignored when it names another."""
     query: str = query_field()
     """The search query, non-blank; same limits as POST /rerank."""
     documents: list[VendorDocument] = Field(min_length=1, examples=[EXAMPLE_DOCS])
@@ -165,7 +165,7 @@ class CohereRerankRequest(VendorRequest):
     )
 
     model: str
-    """Required by Cohere's API; the service hosts one model. Listed as ignored when it names another."""
+    """Required by Cohere's API. With several models served (KEYRANK_MODELS) it picks one by name (GET /v1/models lists them); unset = the default, another name = 422 listing them. With one model served: listed as ignored when it names another."""
     query: str = query_field()
     """The search query, non-blank; same limits as POST /rerank."""
     documents: list[VendorDocument] = Field(min_length=1, examples=[EXAMPLE_DOCS])

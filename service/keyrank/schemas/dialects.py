@@ -44,6 +44,9 @@ class TeiRerankRequest(VendorRequest):
     cross-encoder's logit scale). The order is the same."""
     return_text: bool = False
     """Echo each result's text."""
+    model: str | None = None
+    """keyrank's extension (TEI serves one model per server). With several models served (KEYRANK_MODELS) it picks one by name (GET /v1/models lists them); unset = the default, another name = 422 listing them. With one model served: listed as
+    ignored when it names another."""
     truncate: bool | None = None
     """TEI: accepted and ignored; keyrank never refuses a long text, its strategy decides what is read
     (each result's truncated/read_tokens say how much, with return_evidence)."""
@@ -91,7 +94,10 @@ class TeiInfo(Wire):
     """GET /tei/info: TEI's router info, with keyrank's values."""
 
     model_id: str
-    """The served model (KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name)."""
+    """The served model (KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name); with several
+    (KEYRANK_MODELS), the default one."""
+    models: list[str]
+    """keyrank's extension: every served model's name, the default first (a request's ``model`` picks one)."""
     model_sha: str | None = None
     """Not tracked: null."""
     model_dtype: str
@@ -136,8 +142,8 @@ class InfinityRerankRequest(VendorRequest):
     unnamed_models: ClassVar[frozenset[str]] = frozenset({INFINITY_DEFAULT_MODEL})
 
     model: str = INFINITY_DEFAULT_MODEL
-    """The service hosts one model (named in the answer). Listed as ignored when it names another; Infinity's
-    default "default/not-specified" names none."""
+    """Infinity's default "default/not-specified" names none (the default model). With several models served (KEYRANK_MODELS) it picks one by name (GET /v1/models lists them); unset = the default, another name = 422 listing them. With one model
+    served: listed as ignored when it names another."""
     query: str = query_field()
     """The search query, non-blank; same limits as POST /rerank."""
     documents: list[str] = Field(min_length=1, examples=[EXAMPLE_DOCS])

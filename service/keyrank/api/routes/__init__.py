@@ -20,13 +20,23 @@ if TYPE_CHECKING:
 
 
 def served_model(request: Request, ranking: Ranking) -> str:
-    """KEYRANK_MODEL_NAME, else the prepared model's hub id or folder name: never a server path."""
+    """The model that ranked, by name: with KEYRANK_MODELS its name there; else KEYRANK_MODEL_NAME, else the
+    prepared model's hub id or folder name: never a server path."""
+    if request.app.state.rerankers:
+        return ranking.model
     return _public(request.app.state.settings.model_name or ranking.model)
 
 
 def model_id(request: Request) -> str:
-    """The served model's name as answers report it (``served_model``), before any ranking."""
-    return _public(request.app.state.settings.model_name or request.app.state.reranker.model_name)
+    """The default model's name as answers report it (``served_model``), before any ranking."""
+    return model_ids(request)[0]
+
+
+def model_ids(request: Request) -> list[str]:
+    """Every served model's name, the default first (one, unless KEYRANK_MODELS names several)."""
+    if request.app.state.rerankers:
+        return list(request.app.state.rerankers)
+    return [_public(request.app.state.settings.model_name or request.app.state.reranker.model_name)]
 
 
 def _public(name: str) -> str:

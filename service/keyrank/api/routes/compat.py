@@ -9,7 +9,8 @@
 Both rank with the default strategy and selector. Every field the vendors' APIs and SDKs send is
 accepted; those that change nothing here (``priority``, ``max_chunks_per_doc`` unless the strategy cuts windows,
 ``return_embeddings``, a ``model`` other than the served one, fields unknown to us) are named in
-the ``X-Keyrank-Ignored-Fields`` header. Scores are the sigmoid of keyrank's, in [0, 1] as these
+the ``X-Keyrank-Ignored-Fields`` header. With several models served (KEYRANK_MODELS) ``model`` picks one
+and a name not served is a 422 listing them (api/ranking.py's ``choose_model``). Scores are the sigmoid of keyrank's, in [0, 1] as these
 clients expect, in the same order. ``return_evidence: true`` (keyrank's extension) adds each result's
 evidence spans and coverage (routes/__init__.py's ``coverage``).
 
@@ -60,7 +61,7 @@ _MAX_NAME_CHARS = 64
 async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
     options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
-    ranking = await rank(request, body.query, texts, options)
+    ranking = await rank(request, body.query, texts, options, requested_model(body), strict=False)
     model = served_model(request, ranking)
     answer = {
         "id": request.state.request_id,
@@ -76,13 +77,19 @@ async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
 async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
     options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
-    ranking = await rank(request, body.query, texts, options)
+    ranking = await rank(request, body.query, texts, options, requested_model(body), strict=False)
     answer = {
         "id": request.state.request_id,
         "results": _results(ranking, body.documents, body.return_documents, body.return_evidence),
         "meta": _meta("2", len(texts)),
     }
     return JSONResponse(answer, headers=vendor_headers(ranking, body, served_model(request, ranking)))
+
+
+def requested_model(body: VendorRequest) -> str | None:
+    """The model a vendor request names; None for none or a client's placeholder (``unnamed_models``)."""
+    named = getattr(body, "model", None)
+    return None if named is None or named in type(body).unnamed_models else named
 
 
 def document_text(document: str | dict[str, Any], rank_fields: list[str] | None, index: int) -> str:

@@ -23,8 +23,8 @@ from keyrank import __version__
 from keyrank.api.body import StrictJsonRoute
 from keyrank.api.errors import INFINITY_ERRORS, TEI_ERRORS
 from keyrank.api.ranking import rank
-from keyrank.api.routes import coverage, model_id, served_model, sigmoid
-from keyrank.api.routes.compat import vendor_headers
+from keyrank.api.routes import coverage, model_id, model_ids, served_model, sigmoid
+from keyrank.api.routes.compat import requested_model, vendor_headers
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
 from keyrank.schemas import (
@@ -49,7 +49,7 @@ router = APIRouter(route_class=StrictJsonRoute)
              summary="Hugging Face text-embeddings-inference rerank shape.")
 async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     try:
-        ranking = await rank(request, body.query, body.texts, RerankOptions())
+        ranking = await rank(request, body.query, body.texts, RerankOptions(), requested_model(body), strict=False)
     except InvalidRequest as exc:  # limits and admission name "documents": TEI's callers sent "texts"
         raise _named_texts(exc) from None
     results = []
@@ -68,6 +68,7 @@ async def info_tei(request: Request) -> TeiInfo:
     settings = request.app.state.settings
     return TeiInfo(
         model_id=model_id(request),
+        models=model_ids(request),
         model_dtype="float32",
         model_type={"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
         max_concurrent_requests=settings.triton_max_in_flight * settings.workers,
@@ -85,7 +86,7 @@ async def info_tei(request: Request) -> TeiInfo:
 @router.post("/infinity/rerank", response_model=InfinityRerankResponse, responses=INFINITY_ERRORS,
              tags=["drop-in (Infinity)"], summary="Infinity's rerank shape.")
 async def rerank_infinity(body: InfinityRerankRequest, request: Request) -> Response:
-    ranking = await rank(request, body.query, body.documents, RerankOptions(top_n=body.top_n))
+    ranking = await rank(request, body.query, body.documents, RerankOptions(top_n=body.top_n), requested_model(body), strict=False)
     results = []
     for r in ranking.results:
         result: dict[str, Any] = {"relevance_score": _score(r, body.raw_scores), "index": r.index}
@@ -108,7 +109,7 @@ async def rerank_infinity(body: InfinityRerankRequest, request: Request) -> Resp
 
 @router.get("/infinity/models", response_model=InfinityModels, tags=["drop-in (Infinity)"], summary="Infinity's model list.")
 async def models_infinity(request: Request) -> InfinityModels:
-    return InfinityModels(data=[{"id": model_id(request), "created": _prepared_at(request)}])
+    return InfinityModels(data=[{"id": name, "created": _prepared_at(request, name)} for name in model_ids(request)])
 
 
 # --------------------------------------------------------------------------- OpenAI-style discovery
@@ -116,7 +117,7 @@ async def models_infinity(request: Request) -> InfinityModels:
 
 @router.get("/v1/models", response_model=ModelList, tags=["discovery"], summary="The served models, OpenAI's list shape.")
 async def models_openai(request: Request) -> ModelList:
-    return ModelList(data=[{"id": model_id(request), "created": _prepared_at(request)}])
+    return ModelList(data=[{"id": name, "created": _prepared_at(request, name)} for name in model_ids(request)])
 
 
 def _named_texts(exc: InvalidRequest) -> InvalidRequest:
@@ -133,9 +134,11 @@ def _score(ranked: RankedDocument, raw: bool) -> float:
     return ranked.score if raw else sigmoid(ranked.score)
 
 
-def _prepared_at(request: Request) -> int:
-    """Unix time the served model was prepared: its manifest's modification time (0 if it has none)."""
-    manifest = request.app.state.reranker.settings.gateway_dir / "manifest.json"
+def _prepared_at(request: Request, name: str) -> int:
+    """Unix time the served model ``name`` was prepared: its manifest's modification time (0 if it has none)."""
+    rerankers = request.app.state.rerankers
+    reranker = rerankers[name] if rerankers else request.app.state.reranker
+    manifest = reranker.settings.gateway_dir / "manifest.json"
     try:
         return int(manifest.stat().st_mtime)
     except OSError:

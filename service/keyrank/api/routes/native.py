@@ -35,7 +35,7 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
     options = RerankOptions(
         strategy=body.strategy, selector=body.selector, top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc
     )
-    ranking = await rank(request, body.query, texts, options)
+    ranking = await rank(request, body.query, texts, options, body.model)
     ids = body.ids()
     results = [_result(r, texts[r.index], ids[r.index], body) for r in ranking.results]
     answer = RerankResponse(

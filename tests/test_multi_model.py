@@ -1,0 +1,237 @@
+"""Several models, one deployment (issue 20, item 2): the real cross-encoder ("base") and a tiny BERT ("tiny")
+served side by side; the request's ``model`` picks one on every route, absent = the default, an unknown
+name is a 422 listing both, discovery lists both, metrics carry the model.
+
+Each model's answers must be what that model alone gives (``Reranker.local`` of its folder): a gateway that
+mixed models (one scorer, one document cache) would answer one model's scores for the other."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from keyrank.api import create_app
+from keyrank.config import Settings
+from keyrank.reranker import Reranker
+from prometheus_client.parser import text_string_to_metric_families
+from toy_judged import tiny_bert
+
+QUERY = "when was the budget agreed"
+DOCS = [
+    "The budget was agreed on Tuesday by the finance committee after a long meeting.",
+    "Cats sleep most of the day and hunt at night.",
+    "The remote control design meeting discussed buttons and the budget. " * 30,
+]
+RERANK_ROUTES = ("/rerank", "/v1/rerank", "/v2/rerank", "/tei/rerank", "/infinity/rerank")
+
+
+@pytest.fixture(scope="module")
+def folders(prepared_models: Path, tmp_path_factory) -> dict[str, Path]:
+    """The base model (the session's prepared models/) and a tiny BERT prepared beside it (a few seconds)."""
+    from keyrank.prepare.export import prepare
+
+    root = tmp_path_factory.mktemp("multi-model")
+    out = root / "models-tiny"
+    prepare(str(tiny_bert(root / "tiny-bert")), out, bi_encoder=None)
+    return {"base": Path(prepared_models), "tiny": out}
+
+
+@pytest.fixture(scope="module")
+def alone(folders) -> Iterator[dict[str, Reranker]]:
+    """Each model alone, in-process: the reference scores."""
+    rerankers = {name: Reranker.local(folder) for name, folder in folders.items()}
+    yield rerankers
+    for reranker in rerankers.values():
+        reranker.close()
+
+
+def models_setting(folders: dict[str, Path]) -> str:
+    return ",".join(f"{name}={folder}" for name, folder in folders.items())
+
+
+@contextlib.contextmanager
+def serving(app) -> Iterator[str]:
+    """``app`` on a real uvicorn, free loopback port; its base URL while the block runs."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("gateway did not become ready")
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def local_gateway(folders) -> Iterator[str]:
+    """A gateway serving both models, each scored in-process (ONNX Runtime): the routing alone."""
+    settings = Settings(models=models_setting(folders))
+    rerankers = {name: Reranker.local(folder, model_name=name) for name, folder in folders.items()}
+    try:
+        with serving(create_app(settings, rerankers=rerankers)) as url:
+            yield url
+    finally:
+        for reranker in rerankers.values():
+            reranker.close()
+
+
+def _scores(body: dict) -> list[tuple[int, float]]:
+    return [(r["index"], r["relevance_score"]) for r in body["results"]]
+
+
+def _expected(reranker: Reranker) -> list[tuple[int, float]]:
+    return [(r.index, r.score) for r in reranker.rank(QUERY, DOCS).results]
+
+
+def _assert_same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
+
+
+def _samples(url: str) -> dict[tuple[str, tuple], float]:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+# --- settings ------------------------------------------------------------------------------------
+
+
+def test_models_setting_is_parsed_with_the_default_first():
+    settings = Settings(models="base=models, ft=/srv/models-ft", default_model="ft")
+    assert settings.served_models() == {"ft": Path("/srv/models-ft"), "base": Path("models")}
+    assert list(Settings(models="a=x,b=y").served_models()) == ["a", "b"]
+    assert Settings().served_models() == {}
+    one = Settings(models="a=x,b=y").for_model("b", Path("y"))
+    assert (one.model_dir, one.triton_model, one.model_name) == (Path("y"), "b", "b")
+
+
+@pytest.mark.parametrize(
+    ("models", "default", "named"),
+    [
+        ("base", None, "'base' is not name=folder"),
+        ("base=", None, "'base=' is not name=folder"),
+        ("bad name=models", None, "'bad name=models' is not name=folder"),
+        ("a=x,a=y", None, "the name 'a' is given twice"),
+        ("a=x,b=y", "c", "default_model (KEYRANK_DEFAULT_MODEL) 'c' is not one of models: a, b"),
+        (None, "a", "default_model (KEYRANK_DEFAULT_MODEL) is set but models (KEYRANK_MODELS) is not"),
+    ],
+)
+def test_a_malformed_models_setting_is_refused_naming_it(models, default, named):
+    settings = Settings(models=models, default_model=default)
+    with pytest.raises(ValueError, match="KEYRANK_") as caught:
+        settings.served_models()
+    assert named in str(caught.value)
+    with pytest.raises(ValueError, match="KEYRANK_"):
+        create_app(settings)  # before anything is served
+
+
+# --- routing (each model scored in-process) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["base", "tiny"])
+def test_the_model_field_picks_the_model_and_gives_its_own_scores(local_gateway, alone, name):
+    answer = httpx.post(f"{local_gateway}/rerank", json={"query": QUERY, "documents": DOCS, "model": name}, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == name
+    _assert_same(_scores(answer.json()), _expected(alone[name]))
+
+
+def test_the_two_models_rank_differently_and_absent_means_the_default(local_gateway, alone):
+    base, tiny = _expected(alone["base"]), _expected(alone["tiny"])
+    assert [s for _, s in base] != pytest.approx([s for _, s in tiny], abs=1e-3)  # else the test could not tell them apart
+    answer = httpx.post(f"{local_gateway}/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60).json()
+    assert answer["model"] == "base"
+    _assert_same(_scores(answer), base)
+
+
+def test_the_same_documents_alternating_between_models_never_mix(local_gateway, alone):
+    """The document cache is per model: documents seen by one model are tokenized anew by the other."""
+    for name in ("tiny", "base", "tiny", "base"):
+        answer = httpx.post(f"{local_gateway}/rerank", json={"query": QUERY, "documents": DOCS, "model": name}, timeout=60)
+        _assert_same(_scores(answer.json()), _expected(alone[name]))
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "score_key"),
+    [
+        ("/v1/rerank", {"query": QUERY, "documents": DOCS}, "relevance_score"),
+        ("/v2/rerank", {"query": QUERY, "documents": DOCS}, "relevance_score"),
+        ("/infinity/rerank", {"query": QUERY, "documents": DOCS, "raw_scores": True}, "relevance_score"),
+        ("/tei/rerank", {"query": QUERY, "texts": DOCS, "raw_scores": True}, "score"),
+    ],
+)
+def test_every_vendor_route_reads_its_model_field(local_gateway, alone, route, body, score_key):
+    from keyrank.api.routes import sigmoid
+
+    for name in ("tiny", "base"):
+        answer = httpx.post(f"{local_gateway}{route}", json={**body, "model": name}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert "X-Keyrank-Ignored-Fields" not in answer.headers  # the model was used, not ignored
+        results = answer.json() if route == "/tei/rerank" else answer.json()["results"]
+        got = [(r["index"], r[score_key]) for r in results]
+        raw = body.get("raw_scores", False)
+        _assert_same(got, [(i, s if raw else sigmoid(s)) for i, s in _expected(alone[name])])
+
+
+@pytest.mark.parametrize("route", RERANK_ROUTES)
+def test_an_unknown_model_is_a_422_naming_the_field_and_listing_the_served_models(local_gateway, route):
+    documents = "texts" if route == "/tei/rerank" else "documents"
+    answer = httpx.post(f"{local_gateway}{route}", json={"query": QUERY, documents: DOCS, "model": "rerank-v3.5"}, timeout=60)
+    assert answer.status_code == 422, answer.text
+    text = answer.text
+    assert "model" in text and "'rerank-v3.5'" in text and "base, tiny" in text
+
+
+def test_infinity_placeholder_means_the_default(local_gateway, alone):
+    answer = httpx.post(f"{local_gateway}/infinity/rerank", timeout=60,
+                        json={"model": "default/not-specified", "query": QUERY, "documents": DOCS, "raw_scores": True})
+    assert answer.status_code == 200 and answer.json()["model"] == "base"
+    _assert_same([(r["index"], r["relevance_score"]) for r in answer.json()["results"]], _expected(alone["base"]))
+
+
+def test_discovery_lists_every_served_model_default_first(local_gateway):
+    assert [m["id"] for m in httpx.get(f"{local_gateway}/v1/models").json()["data"]] == ["base", "tiny"]
+    assert [m["id"] for m in httpx.get(f"{local_gateway}/infinity/models").json()["data"]] == ["base", "tiny"]
+    info = httpx.get(f"{local_gateway}/tei/info").json()
+    assert (info["model_id"], info["models"]) == ("base", ["base", "tiny"])
+    assert all(m["created"] > 0 for m in httpx.get(f"{local_gateway}/v1/models").json()["data"])
+
+
+def test_requests_are_counted_with_their_model(local_gateway):
+    before = _samples(local_gateway)
+    httpx.post(f"{local_gateway}/rerank", json={"query": QUERY, "documents": DOCS, "model": "tiny"}, timeout=60)
+    httpx.post(f"{local_gateway}/v2/rerank", json={"query": QUERY, "documents": DOCS, "model": "nope"}, timeout=60)
+    after = _samples(local_gateway)
+
+    def delta(**labels: str) -> float:
+        key = ("keyrank_requests_total", tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="tiny") == 1
+    assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="base") == 0
+    assert delta(endpoint="/v2/rerank", strategy="keyb2", outcome="invalid", model="-") == 1  # no served model named
