@@ -38,7 +38,7 @@ def extra_providing(module: str) -> str | None:
     return next((extra for extra, name in _extra_modules() if name == top), None)
 
 
-_NEEDS = {"eval": ("eval",), "finetune": ("export", "eval")}
+_NEEDS = {"eval": ("eval",), "tune": ("eval",), "finetune": ("export", "eval")}
 """Extras a subcommand cannot run without: checked before it starts, not where it first imports one, minutes in."""
 
 
@@ -124,13 +124,20 @@ def _finetune(rest: list[str]) -> int:
     return finetune_main(rest)
 
 
+def _tune(rest: list[str]) -> int:
+    from keyrank.evaluation.tune import main as tune_main
+
+    return tune_main(rest)
+
+
 def _idf(rest: list[str]) -> int:
     from keyrank.select.idf import main as idf_main
 
     return idf_main(rest)
 
 
-_OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _guard, "finetune": _finetune, "idf": _idf}
+_OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _guard, "finetune": _finetune, "idf": _idf,
+              "tune": _tune}
 """Subcommands that parse their own flags (their --help lists them with their defaults)."""
 
 
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("prepare", help="export a cross-encoder (+ bi-encoder) to ONNX and write the Triton repositories", add_help=False)
     _serve_parser(commands, get_settings())
     commands.add_parser("finetune", help="fine-tune a reranker (or train a PARADE aggregator) on judged data, on the served inputs", add_help=False)
-    commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets", add_help=False)
+    commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets, or on your TREC files (--task trec)", add_help=False)
+    commands.add_parser("tune", help="choose strategy, selector and keyb2 settings on your judged dev queries; writes an env file serve reads", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
     commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)
     commands.add_parser("idf", help="build a BM25 IDF table from your own documents (KEYRANK_BM25_IDF_TABLE)", add_help=False)

@@ -1,4 +1,4 @@
-"""``keyrank tune``: choose the strategy, selector and keyb2 settings on your own judged queries.
+"""keyrank tune: choose the strategy, selector and keyb2 settings on your own judged queries.
 
     keyrank tune --qrels dev.qrels --docs docs.jsonl --queries dev.tsv [--run first-stage.run] --out tune
 
