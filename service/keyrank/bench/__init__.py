@@ -5,6 +5,7 @@
     keyrank bench --processes     preprocessing over processes: uvicorn-style workers vs a process pool (bench/processes.py)
     keyrank bench --buckets       padded tokens and ONNX time, fixed vs per-request length buckets (bench/buckets.py)
     keyrank bench --gpu           the GPU figures of issue 10; on a CPU machine the CPU parts only (bench/gpu.py)
+    keyrank bench --peers         CPU scoring side by side with sentence-transformers, fastembed, flashrank (bench/peers.py)
 """
 
 from keyrank.bench.cli import main

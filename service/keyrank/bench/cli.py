@@ -12,20 +12,26 @@ from keyrank.config import get_settings
 def main(argv: list[str] | None = None) -> int:
     from keyrank import bench
 
-    parser = argparse.ArgumentParser(prog="keyrank bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir)
-    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"))
+    parser = argparse.ArgumentParser(prog="keyrank bench", description=bench.__doc__, formatter_class=_Formatter)
+    parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir, help="output of `keyrank prepare`")
+    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"), help="the shared evaluation data (QMSum, DL20, SQuAD)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--cache", action="store_true", help="document cache: documents seen before vs cold, hit rate")
     mode.add_argument("--processes", action="store_true", help="preprocessing over processes: workers vs a pool")
     mode.add_argument("--buckets", action="store_true", help="fixed vs per-request length buckets")
     mode.add_argument("--gpu", action="store_true", help="the GPU figures (CPU parts only without CUDA)")
+    mode.add_argument("--peers", action="store_true", help="CPU scoring against sentence-transformers, fastembed, flashrank (the 'peers' extra)")
     parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings (default mode); candidates per request (--cache, --processes: 100)")
     parser.add_argument("--max-chars", type=int, default=60_000, help="characters kept per meeting (default mode)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="measurements per figure (the median is reported)")
     parser.add_argument("--workers", type=int, default=0, help="processes for --processes / the CPU ceiling; 0 = the usable cores")
     parser.add_argument("--requests", type=int, default=0, help="requests per measurement (--processes, --buckets, --gpu); 0 = the mode's default")
-    parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--checkpoint", type=Path, default=Path("../shared/models/ce-minilm-l6"),
+                        help="--peers: the Hugging Face folder the peers load (the one --model-dir was prepared from)")
+    parser.add_argument("--threads", type=int, default=2, help="--peers: threads of every system")
+    parser.add_argument("--rounds", type=int, default=3, help="--peers: interleaved rounds (the median is reported)")
+    parser.add_argument("--long-pairs", type=int, default=48, help="--peers: 512-token pairs (QMSum chunks)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
 
     if args.cache:
@@ -46,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
 
         result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 100, workers=args.workers,
                                  candidates=_or(args.docs, 20, 100))
+    elif args.peers:
+        from keyrank.bench import peers as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
+                                 long_pairs=args.long_pairs)
     else:
         from keyrank.bench import preprocessing as mode_module
 
@@ -54,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default after its help."""
 
 
 def _or(value: int, default_of_parser: int, default_here: int) -> int:

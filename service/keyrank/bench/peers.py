@@ -1,0 +1,299 @@
+"""`keyrank bench --peers`: keyrank's CPU scoring side by side with the libraries people use on CPU.
+
+Every system scores the same (query, document) pairs with the same checkpoint on the same number of
+threads: short pairs (TREC DL20 BM25 passages, ~80 tokens) and long pairs (QMSum val chunks cut to
+512 tokens). Rounds are interleaved (every system once per round, in turn), the median round is
+reported as pairs/s with the ratio to keyrank in-process, and the long pairs also as a share of the
+same run's matrix-multiply peak (ONNX Runtime MatMul fp32 and int8 on the same threads; 13.3 GFLOP per
+512-token MiniLM-L6 pair). Every system's scores are checked against keyrank's (Spearman rank
+correlation over all pairs): a peer that disagrees is flagged, so nobody compares different models.
+
+Peers come from the ``peers`` extra (``pip install -e '.[peers]'``); those not installed, or that fail
+to load the model, are listed with the reason instead of a row.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FLOP_PER_512_PAIR = 13.3e9
+"""Forward FLOPs of one 512-token MiniLM-L6 pair (6 layers, hidden 384, FFN 1536, attention included)."""
+AGREEMENT_MIN = 0.99
+"""A system whose Spearman correlation with keyrank's scores is below this is flagged as another model."""
+
+Groups = list[tuple[str, list[str]]]
+"""(query, its documents) of one workload."""
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A system to measure: the module it needs (None = keyrank itself) and how to build its scorer."""
+
+    name: str
+    module: str | None
+    package: str
+    make: Callable[[Path, Path, int], Callable[[Groups], list[np.ndarray]]]
+
+
+# --- the systems --------------------------------------------------------------------------
+
+
+def _keyrank_local(model_dir: Path, checkpoint: Path, threads: int):
+    from keyrank import Reranker
+
+    reranker = Reranker.local(model_dir, threads=threads)
+    return lambda groups: [_by_index(reranker.rank(q, docs, strategy="firstp"), len(docs)) for q, docs in groups]
+
+
+def _keyrank_triton(model_dir: Path, checkpoint: Path, threads: int):
+    from keyrank import Reranker
+
+    os.environ["KEYRANK_EMBEDDED_ORT_THREADS"] = str(threads)
+    reranker = Reranker.embedded(model_dir=model_dir, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    _CLOSERS.append(reranker.close)
+    return lambda groups: [_by_index(reranker.rank(q, docs, strategy="firstp"), len(docs)) for q, docs in groups]
+
+
+def _by_index(ranking, n: int) -> np.ndarray:
+    out = np.empty(n)
+    for result in ranking.results:
+        out[result.index] = result.score
+    return out
+
+
+def _sentence_transformers(backend: str):
+    def make(model_dir: Path, checkpoint: Path, threads: int):
+        import torch
+        from sentence_transformers import CrossEncoder
+
+        torch.set_num_threads(threads)
+        kwargs = {"model_kwargs": {"dtype": torch.float32}} if backend == "torch" else {"backend": "onnx"}
+        model = CrossEncoder(str(checkpoint), device="cpu", max_length=512, **kwargs)  # fp32: the checkpoint says fp16
+        return lambda groups: [np.asarray(model.predict([(q, d) for d in docs], batch_size=32, show_progress_bar=False),
+                                          np.float64).reshape(len(docs), -1)[:, -1] for q, docs in groups]
+    return make
+
+
+def _model_folder(model_dir: Path, checkpoint: Path) -> Path:
+    """The checkpoint's tokenizer files and keyrank's fp32 ONNX export in one folder (hard links), as the
+    ONNX peers expect a model folder."""
+    folder = Path(tempfile.mkdtemp(prefix="keyrank-peers-"))
+    _CLOSERS.append(lambda: shutil.rmtree(folder, ignore_errors=True))
+    for path in checkpoint.iterdir():
+        if path.suffix in (".json", ".txt"):
+            shutil.copy2(path, folder / path.name)
+    (folder / "onnx").mkdir()
+    for target in (folder / "model.onnx", folder / "onnx" / "model.onnx"):
+        try:
+            os.link(model_dir / "triton" / "cross_encoder" / "1" / "model.onnx", target)
+        except OSError:
+            shutil.copy2(model_dir / "triton" / "cross_encoder" / "1" / "model.onnx", target)
+    return folder
+
+
+def _fastembed(model_dir: Path, checkpoint: Path, threads: int):
+    from fastembed.common.model_description import ModelSource
+    from fastembed.rerank.cross_encoder import TextCrossEncoder
+
+    folder = _model_folder(model_dir, checkpoint)
+    name = f"keyrank/{checkpoint.name}"
+    if name not in {m["model"] for m in TextCrossEncoder.list_supported_models()}:
+        TextCrossEncoder.add_custom_model(name, model_file="onnx/model.onnx", sources=ModelSource(hf=name), size_in_gb=0.1)
+    model = TextCrossEncoder(name, specific_model_path=str(folder), threads=threads)
+    return lambda groups: [np.asarray(list(model.rerank(q, docs, batch_size=32)), np.float64) for q, docs in groups]
+
+
+def _flashrank(model_dir: Path, checkpoint: Path, threads: int):
+    from flashrank import Ranker, RerankRequest
+    from flashrank.Config import model_file_map
+
+    folder = _model_folder(model_dir, checkpoint)
+    model_file_map.setdefault(folder.name, "model.onnx")  # flashrank's table of model files, extended with ours
+    ranker = Ranker(model_name=folder.name, cache_dir=str(folder.parent), max_length=512)
+    # flashrank makes its session with ONNX Runtime's defaults: all cores, which is `threads` on a box of that size
+
+    def score(groups):
+        out = []
+        for q, docs in groups:
+            answer = ranker.rerank(RerankRequest(query=q, passages=[{"id": i, "text": d} for i, d in enumerate(docs)]))
+            scores = np.empty(len(docs))
+            for row in answer:
+                scores[row["id"]] = float(row["score"])
+            out.append(scores)
+        return out
+    return score
+
+
+PEERS: tuple[Peer, ...] = (
+    Peer("keyrank local (in-process ONNX Runtime)", None, "keyrank", _keyrank_local),
+    Peer("keyrank, embedded Triton (gRPC hop)", None, "keyrank", _keyrank_triton),
+    Peer("sentence-transformers CrossEncoder, PyTorch fp32", "sentence_transformers", "sentence-transformers", _sentence_transformers("torch")),
+    Peer("sentence-transformers CrossEncoder, ONNX backend", "optimum", "sentence-transformers[onnx]", _sentence_transformers("onnx")),
+    Peer("fastembed TextCrossEncoder", "fastembed", "fastembed", _fastembed),
+    Peer("flashrank Ranker", "flashrank", "flashrank", _flashrank),
+)
+"""The systems, keyrank in-process first (the reference of ratios and score agreement)."""
+
+_CLOSERS: list[Callable[[], None]] = []
+
+
+def available(peers: Sequence[Peer]) -> tuple[list[Peer], dict[str, str]]:
+    """The peers whose module is installed, and for the others why not (what to install)."""
+    ok, missing = [], {}
+    for peer in peers:
+        if peer.module is None or importlib.util.find_spec(peer.module) is not None:
+            ok.append(peer)
+        else:
+            missing[peer.name] = f"not installed (pip install {peer.package}, or the 'peers' extra)"
+    return ok, missing
+
+
+# --- workloads and the peak -----------------------------------------------------------------
+
+
+def workloads(datasets: Path, tokenizer, short_queries: int = 8, short_docs: int = 20, long_pairs: int = 48) -> dict[str, Groups]:
+    """Short: DL20 BM25 passages; long: QMSum val chunks cut to 512 model tokens next to their query."""
+    from keyrank.bench.workloads import candidate_documents, dl20_requests
+
+    short = [(q, docs[:short_docs]) for q, docs in dl20_requests(datasets, short_queries)]
+    chunks, queries = candidate_documents(datasets, tokenizer, long_pairs, tokens=520)
+    per_query = 6
+    long = [(queries[i // per_query], chunks[i:i + per_query]) for i in range(0, len(chunks), per_query)]
+    return {"short (DL20 passages)": short, "512 tokens (QMSum chunks)": long}
+
+
+def matmul_peak(threads: int, repeats: int = 5, n: int = 1024) -> dict[str, float]:
+    """FLOP/s of one [n, n] x [n, n] MatMul in ONNX Runtime on ``threads`` threads: fp32 and int8
+    (MatMulInteger, u8 x s8), the median of ``repeats``."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from keyrank.scoring.local import session_options
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for kind, op, a_type, b_type in (("fp32", "MatMul", TensorProto.FLOAT, TensorProto.FLOAT),
+                                     ("int8", "MatMulInteger", TensorProto.UINT8, TensorProto.INT8)):
+        graph = helper.make_graph([helper.make_node(op, ["a", "b"], ["c"])], kind,
+                                  [helper.make_tensor_value_info("a", a_type, [n, n]), helper.make_tensor_value_info("b", b_type, [n, n])],
+                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT if kind == "fp32" else TensorProto.INT32, [n, n])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        session = ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+        if kind == "fp32":
+            feeds = {"a": rng.standard_normal((n, n), np.float32), "b": rng.standard_normal((n, n), np.float32)}
+        else:
+            feeds = {"a": rng.integers(0, 255, (n, n), dtype=np.uint8), "b": rng.integers(-127, 127, (n, n), dtype=np.int8)}
+        session.run(None, feeds)
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            session.run(None, feeds)
+            times.append(time.perf_counter() - started)
+        out[kind] = 2 * n**3 / statistics.median(times)
+    return out
+
+
+# --- arithmetic (pinned by tests/test_peers.py) ------------------------------------------------
+
+
+def summarize(seconds: dict[str, list[float]], pairs: int, reference: str, peak_flops: float | None,
+              flop_per_pair: float | None) -> dict[str, dict]:
+    """Per system: median seconds of its rounds, pairs/s from it, ratio to ``reference``'s pairs/s, and
+    (when a FLOP count is given) effective FLOP/s and the share of ``peak_flops``."""
+    rows = {}
+    for name, times in seconds.items():
+        median = statistics.median(times)
+        rows[name] = {"median_s": median, "pairs_per_s": pairs / median, "rounds": len(times)}
+    base = rows[reference]["pairs_per_s"]
+    for row in rows.values():
+        row["ratio"] = row["pairs_per_s"] / base
+        if flop_per_pair is not None and peak_flops:
+            row["gflop_per_s"] = row["pairs_per_s"] * flop_per_pair / 1e9
+            row["share_of_peak"] = row["pairs_per_s"] * flop_per_pair / peak_flops
+    return rows
+
+
+def agreement(reference: list[np.ndarray], other: list[np.ndarray]) -> float:
+    """Spearman rank correlation of two systems' scores over all pairs of a workload."""
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(np.concatenate(reference), np.concatenate(other)).statistic)
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, rounds: int = 3,
+        long_pairs: int = 48, peers: Sequence[Peer] = PEERS) -> dict:
+    from keyrank.config import Settings
+    from keyrank.pipeline import Pipeline
+
+    tokenizer = Pipeline.from_model_dir(Settings(model_dir=model_dir)).tokenizer
+    loads = workloads(datasets, tokenizer, long_pairs=long_pairs)
+    ok, missing = available(peers)
+    systems: dict[str, Callable[[Groups], list[np.ndarray]]] = {}
+    try:
+        for peer in ok:
+            try:
+                systems[peer.name] = peer.make(model_dir, checkpoint, threads)
+                for groups in loads.values():
+                    systems[peer.name](groups[:1])  # warm-up (first shapes, lazy loads)
+            except Exception as exc:  # a peer that cannot load this model is reported, not fatal
+                systems.pop(peer.name, None)
+                missing[peer.name] = f"failed to load: {type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        reference = peers[0].name
+        if reference not in systems:
+            raise SystemExit(f"{reference} could not run: {missing.get(reference)}")
+        seconds = {w: {name: [] for name in systems} for w in loads}
+        scores: dict[str, dict[str, list[np.ndarray]]] = {w: {} for w in loads}
+        peak = matmul_peak(threads)
+        for _ in range(rounds):
+            for workload, groups in loads.items():
+                for name, score in systems.items():
+                    started = time.perf_counter()
+                    scores[workload][name] = score(groups)
+                    seconds[workload][name].append(time.perf_counter() - started)
+        peak_after = matmul_peak(threads)
+    finally:
+        for close in reversed(_CLOSERS):
+            close()
+        _CLOSERS.clear()
+    peak = {k: max(peak[k], peak_after[k]) for k in peak}  # the better of before and after the rounds
+    result: dict = {"threads": threads, "rounds": rounds, "matmul_peak_gflop_per_s": {k: v / 1e9 for k, v in peak.items()},
+                    "missing": missing, "load_average": os.getloadavg(), "workloads": {}}
+    for workload, groups in loads.items():
+        pairs = sum(len(docs) for _, docs in groups)
+        long = workload.startswith("512")
+        rows = summarize(seconds[workload], pairs, reference, peak["fp32"] if long else None, FLOP_PER_512_PAIR if long else None)
+        for name, row in rows.items():
+            row["spearman_vs_keyrank"] = agreement(scores[workload][reference], scores[workload][name])
+            row["agrees"] = row["spearman_vs_keyrank"] >= AGREEMENT_MIN
+        result["workloads"][workload] = {"pairs": pairs, "queries": len(groups), "systems": rows}
+    return result
+
+
+def print_table(result: dict) -> None:
+    peak = result["matmul_peak_gflop_per_s"]
+    print(f"threads {result['threads']}, {result['rounds']} interleaved rounds (median), load average "
+          f"{', '.join(f'{x:.1f}' for x in result['load_average'])}; MatMul peak (ONNX Runtime, 1024^3): "
+          f"fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s")
+    for workload, data in result["workloads"].items():
+        print(f"\n{workload}: {data['pairs']} pairs, {data['queries']} queries")
+        print("| system | pairs/s | vs keyrank local | share of fp32 peak | Spearman vs keyrank |")
+        print("| --- | ---: | ---: | ---: | ---: |")
+        for name, row in data["systems"].items():
+            share = f"{row['share_of_peak']:.0%}" if "share_of_peak" in row else "-"
+            flag = "" if row["agrees"] else " **DISAGREES: another model?**"
+            print(f"| {name} | {row['pairs_per_s']:.1f} | {row['ratio']:.2f}x | {share} | {row['spearman_vs_keyrank']:.4f}{flag} |")
+    for name, why in result["missing"].items():
+        print(f"not measured: {name}: {why}")

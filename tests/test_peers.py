@@ -1,0 +1,65 @@
+"""`keyrank bench --peers`: its arithmetic (medians, pairs/s, ratios, share of the MatMul peak), the score
+agreement check, and that peers which are not installed are reported, not silently dropped. Not that
+anyone is fast: that is what the bench measures (docs/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from keyrank.bench import peers
+from keyrank.bench.peers import FLOP_PER_512_PAIR, Peer
+
+
+def test_rows_are_medians_of_interleaved_rounds_as_pairs_per_second_ratios_and_shares_of_the_peak():
+    seconds = {"keyrank": [2.0, 1.0, 3.0], "other": [4.0, 5.0, 3.0]}  # medians 2.0 s and 4.0 s
+    rows = peers.summarize(seconds, pairs=48, reference="keyrank", peak_flops=400e9, flop_per_pair=FLOP_PER_512_PAIR)
+    assert rows["keyrank"]["median_s"] == 2.0 and rows["keyrank"]["pairs_per_s"] == 24.0 and rows["keyrank"]["ratio"] == 1.0
+    assert rows["other"]["pairs_per_s"] == 12.0 and rows["other"]["ratio"] == 0.5 and rows["other"]["rounds"] == 3
+    # 24 pairs/s x 13.3 GFLOP = 319.2 GFLOP/s = 79.8 % of a 400 GFLOP/s peak.
+    assert rows["keyrank"]["gflop_per_s"] == pytest.approx(319.2)
+    assert rows["keyrank"]["share_of_peak"] == pytest.approx(0.798)
+    assert rows["other"]["share_of_peak"] == pytest.approx(0.399)
+    short = peers.summarize(seconds, pairs=160, reference="keyrank", peak_flops=None, flop_per_pair=None)
+    assert "share_of_peak" not in short["keyrank"] and short["other"]["ratio"] == 0.5
+
+
+def test_a_peer_scoring_with_another_model_is_flagged():
+    keyrank = [np.array([3.0, 1.0, -2.0]), np.array([0.5, 0.1])]
+    monotone = [1 / (1 + np.exp(-s)) for s in keyrank]  # flashrank's sigmoid: same ranking
+    assert peers.agreement(keyrank, monotone) == pytest.approx(1.0)
+    reversed_ = [-s for s in keyrank]
+    assert peers.agreement(keyrank, reversed_) < peers.AGREEMENT_MIN
+
+
+def test_peers_that_are_not_installed_are_reported_with_what_to_install(capsys):
+    absent = Peer("no such reranker", "keyrank_no_such_module_for_tests", "no-such-reranker", lambda *_: None)
+    present = Peer("numpy-based", "numpy", "numpy", lambda *_: None)
+    ok, missing = peers.available([present, absent])
+    assert ok == [present]
+    assert missing == {"no such reranker": "not installed (pip install no-such-reranker, or the 'peers' extra)"}
+    # Every bench peer is either installed here or reported the same way.
+    ok, missing = peers.available(peers.PEERS)
+    assert {p.name for p in ok} | set(missing) == {p.name for p in peers.PEERS}
+    assert peers.PEERS[0].module is None and peers.PEERS[0] in ok  # keyrank in-process is always there: the reference
+
+    result = {"threads": 2, "rounds": 1, "load_average": (1.0, 1.0, 1.0), "matmul_peak_gflop_per_s": {"fp32": 100.0, "int8": 300.0},
+              "missing": {"no such reranker": "not installed (pip install no-such-reranker, or the 'peers' extra)"},
+              "workloads": {}}
+    peers.print_table(result)
+    assert "not measured: no such reranker: not installed (pip install no-such-reranker" in capsys.readouterr().out
+
+
+def test_the_matmul_peak_is_measured_in_fp32_and_int8():
+    peak = peers.matmul_peak(threads=1, repeats=1, n=256)
+    assert peak["fp32"] > 1e8 and peak["int8"] > 1e8
+
+
+def test_every_bench_option_says_its_default(capsys):
+    from keyrank.bench import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    blocks = capsys.readouterr().out.split("options:")[1].split("\n  --")[1:]
+    assert len(blocks) >= 15
+    for block in blocks:
+        assert "(default:" in " ".join(block.split()), block.split()[0]
