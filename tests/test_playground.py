@@ -1,6 +1,9 @@
 """GET /playground in a real headless browser (Debian's chromium, driven by selenium) on a live gateway over
 the real embedded Triton: the bundled sample is ranked through the page, the highlighted text is the
 evidence the API returns, the page fetched nothing from elsewhere, and its screenshot is not blank.
+The sample (a meeting written for keyrank) is held to what it is for on the real model (``Reranker.local``):
+keyb2 and maxp rank the part holding the answer first with their evidence on it; firstp, reading only the
+first 512 tokens, does not.
 Without a key the page is open; with one it needs it, and so do its calls; off, it is a 404.
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 
 import httpx
@@ -63,7 +67,54 @@ def test_the_page_is_self_contained():
     for needle in ("src=\"http", "href=\"http", "src='http", "href='http", "@import", "url(http", "//cdn", "fonts.googleapis"):
         assert needle not in html, needle
     sample = json.loads(SAMPLE.read_text())
-    assert sample["query"] and len(sample["documents"]) == 4 and sum(len(d["text"]) for d in sample["documents"]) > 40_000
+    assert sample["query"] and len(sample["documents"]) == 4 and sum(len(d["text"]) for d in sample["documents"]) > 25_000
+
+
+# --- the sample shows what it is for: the answer deep in one part, found by keyb2 and maxp, not by firstp ---
+
+
+def test_the_sample_is_written_for_keyrank():
+    """A meeting written for the project (not evaluation data copied in), one "Speaker: words" line per turn."""
+    sample = json.loads(SAMPLE.read_text())
+    assert "written for keyrank" in sample["source"] and sample["license"].startswith("Apache-2.0")
+    for document in sample["documents"]:
+        lines = document["text"].split("\n")
+        assert len(lines) > 40 and all(re.match(r"[A-Z][a-z]+: \S", line) for line in lines), document["id"]
+    assert 4_000 <= sum(len(d["text"].split()) for d in sample["documents"]) <= 6_000
+
+
+@pytest.fixture(scope="module")
+def local_reranker(prepared_models):
+    from keyrank.reranker import Reranker
+
+    with Reranker.local(prepared_models, threads=1) as reranker:
+        yield reranker
+
+
+@pytest.mark.timeout(300)
+def test_keyb2_and_maxp_find_the_samples_answer_and_firstp_does_not(local_reranker, prepared_models):
+    from tokenizers import Tokenizer
+
+    sample = json.loads(SAMPLE.read_text())
+    texts = [d["text"] for d in sample["documents"]]
+    relevant = sample["relevant_document"]
+    start = texts[relevant].index(sample["answer"])
+    end = start + len(sample["answer"])
+    # Deep in its part: more than one model input's worth of tokens before it.
+    tokenizer = Tokenizer.from_file(str(prepared_models / "gateway" / "tokenizer.json"))
+    assert len(tokenizer.encode(texts[relevant][:start], add_special_tokens=False).ids) > 512
+
+    def rank(strategy: str):
+        ranking = local_reranker.rank(sample["query"], texts, strategy=strategy)
+        return ranking.results, next(r for r in ranking.results if r.index == relevant)
+
+    for strategy in ("keyb2", "maxp"):
+        results, found = rank(strategy)
+        assert results[0].index == relevant, (strategy, [(r.index, r.score) for r in results])
+        assert any(e.start < end and e.end > start for e in found.evidence), (strategy, found.evidence)
+    results, missed = rank("firstp")
+    assert results[0].index != relevant, [(r.index, r.score) for r in results]
+    assert max(e.end for e in missed.evidence) < start  # what firstp read of the part stops before the answer
 
 
 # --- the page in a browser --------------------------------------------------------------------------------
@@ -125,6 +176,7 @@ def test_the_page_ranks_the_sample_and_highlights_the_evidence(browser, prepared
             "query": sample["query"], "documents": sample["documents"], "strategy": "keyb2", "selector": "bm25",
             "return_evidence": True, "return_documents": True}).json()
         top = api["results"][0]
+        assert top["id"] == sample["documents"][sample["relevant_document"]]["id"]  # what the sample is for
         evidence = [e["text"] for e in sorted(top["evidence"], key=lambda e: e["start"])]
         assert evidence and all(evidence)
 

@@ -1,8 +1,10 @@
 """GET /playground: a page to look at a ranking, and the evidence that made it, in a browser.
 
 One self-contained HTML file (``static/playground.html``: its CSS and JavaScript inline, nothing
-fetched from elsewhere, so it works offline like /docs) and a bundled sample (``static/playground-
-sample.json``: one long QMSum meeting in four parts, with one of its human queries). The page calls
+fetched from elsewhere, so it works offline like /docs) and a bundled sample (``static/sample-meeting.json``:
+a product team's planning meeting written for keyrank, ~5,000 words in four agenda parts, and one question
+whose answer sits deep in part 2, past the first 512 tokens that firstp reads, with near misses in the
+other parts; tests/test_playground.py holds it to showing that). The page calls
 the native ``POST /rerank`` with ``return_evidence`` like any client would, and shows the ranking,
 what each score rests on (coverage), each document with its evidence highlighted, and the per-stage
 timings. Off with ``KEYRANK_PLAYGROUND=false`` (the routes are then not registered: 404).
@@ -30,7 +32,7 @@ from keyrank.strategies import REGISTRY
 
 STATIC = Path(__file__).parent / "static"
 PAGE = STATIC / "playground.html"
-SAMPLE = STATIC / "playground-sample.json"
+SAMPLE = STATIC / "sample-meeting.json"
 _CONFIG_SLOT = "/*PLAYGROUND_CONFIG*/null"
 """Where the page's configuration (choices and defaults) is written into the HTML."""
 
