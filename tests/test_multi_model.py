@@ -235,3 +235,71 @@ def test_requests_are_counted_with_their_model(local_gateway):
     assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="tiny") == 1
     assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="base") == 0
     assert delta(endpoint="/v2/rerank", strategy="keyb2", outcome="invalid", model="-") == 1  # no served model named
+
+
+# --- keyrank serve: one embedded Triton loads every model --------------------------------------------
+
+
+@pytest.mark.triton
+def test_keyrank_serve_loads_every_model_in_one_embedded_triton_and_watches_each(folders, alone, tmp_path):
+    import os
+    import signal
+
+    from keyrank.modelserver.supervision import model_stubs
+    from process_tree import start_serve, stop, tritonserver_of, wait_status
+
+    log = tmp_path / "serve.log"
+    proc, url = start_serve(folders["base"], log, KEYRANK_MODELS=models_setting(folders), KEYRANK_DEFAULT_MODEL="tiny")
+    try:
+        wait_status(url, "/readyz", 200, timeout=180)
+        triton = tritonserver_of(proc.pid)
+        for name in ("base", "tiny"):  # the same request, each model's own scores, on the real Triton
+            answer = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS, "model": name}, timeout=120)
+            assert answer.status_code == 200 and answer.json()["model"] == name, answer.text
+            _assert_same(_scores(answer.json()), _expected(alone[name]))
+        default = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS}, timeout=120).json()
+        assert default["model"] == "tiny"  # KEYRANK_DEFAULT_MODEL
+        unknown = httpx.post(f"{url}/v1/rerank", json={"query": QUERY, "documents": DOCS, "model": "ft"}, timeout=60)
+        assert unknown.status_code == 422 and "served models: tiny, base" in unknown.json()["detail"]
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["tiny", "base"]
+
+        # Supervision watches each model: the second model's process killed -> /readyz 503, then repaired.
+        (stub,) = model_stubs(triton, "base")
+        os.kill(stub, signal.SIGKILL)
+        wait_status(url, "/readyz", 503, timeout=5)
+        wait_status(url, "/readyz", 200, timeout=60)
+        answer = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS, "model": "base"}, timeout=120)
+        _assert_same(_scores(answer.json()), _expected(alone["base"]))
+        assert tritonserver_of(proc.pid) == triton  # a model reload, not a restart
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        assert "serving tiny, base" in log.read_text()
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("how", ["environment", "--models"])
+def test_keyrank_serve_names_a_malformed_models_setting_before_starting(folders, tmp_path, how):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KEYRANK_MODEL_DIR": str(folders["base"])}
+    args = [sys.executable, "-m", "keyrank.cli", "serve"]
+    if how == "--models":
+        args += ["--models", "base"]
+    else:
+        env["KEYRANK_MODELS"] = "base"
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2
+    assert "models (KEYRANK_MODELS): 'base' is not name=folder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_keyrank_serve_names_a_model_folder_that_was_not_prepared(folders, tmp_path):
+    from process_tree import start_serve
+
+    ghost = tmp_path / "ghost"
+    proc, _ = start_serve(folders["base"], tmp_path / "serve.log", KEYRANK_MODELS=f"base={folders['base']},ghost={ghost}")
+    assert proc.wait(60) == 1
+    said = (tmp_path / "serve.log").read_text()
+    assert f"model 'ghost': {ghost}/triton-embedded/cross_encoder/config.pbtxt not found" in said and "Traceback" not in said

@@ -12,7 +12,7 @@ from pathlib import Path
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import Settings, get_settings
 
-_SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers")
+_SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers", "models", "default_model")
 _IMPORT_NAMES = {"nvidia-pytriton": "pytriton", "scikit-learn": "sklearn", "pyyaml": "yaml", "pillow": "PIL"}
 """Distributions whose import name is not their own name with dashes as underscores."""
 
@@ -91,6 +91,17 @@ def _serve_parser(commands: argparse._SubParsersAction, settings: Settings) -> N
         help="output of `keyrank prepare` (triton-embedded/, gateway/); relative to the current folder (KEYRANK_MODEL_DIR)",
     )
     serve.add_argument("--workers", type=int, default=settings.workers, help="uvicorn worker processes (KEYRANK_WORKERS)")
+    serve.add_argument(
+        "--models", default=argparse.SUPPRESS if settings.models is None else settings.models, metavar="NAME=FOLDER,...",
+        help="several prepared models side by side, e.g. base=models,ft=models-ft: a request's `model` picks one, the "
+        "embedded Triton loads them all; replaces --model-dir (KEYRANK_MODELS)"
+        + (" (default: unset, i.e. the one model of --model-dir)" if settings.models is None else ""),
+    )
+    serve.add_argument(
+        "--default-model", default=argparse.SUPPRESS if settings.default_model is None else settings.default_model,
+        help="the model of requests that name none, one of --models' names (KEYRANK_DEFAULT_MODEL)"
+        + (" (default: unset, i.e. the first of --models)" if settings.default_model is None else ""),
+    )
     serve.set_defaults(run=_serve)
 
 

@@ -252,7 +252,8 @@ class Reranker:
         from keyrank.modelserver.embedded import EmbeddedTriton
 
         settings = settings or get_settings()
-        settings = settings.with_overrides(**overrides)
+        # One model: KEYRANK_MODELS is for `keyrank serve` (one Reranker per model, api/app.py).
+        settings = settings.with_overrides(**{"models": None, "default_model": None, **overrides})
         triton = EmbeddedTriton(settings=settings)
         triton.start()
         try:

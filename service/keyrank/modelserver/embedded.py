@@ -33,6 +33,7 @@ from pathlib import Path
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
 from keyrank.modelserver.admin import TritonAdmin
+from keyrank.modelserver.repository import write_served_repository
 from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.arguments import (
     PORT_SETTINGS,
@@ -79,8 +80,11 @@ class EmbeddedTriton:
         default = "triton-embedded-cuda" if settings.embedded_device == "cuda" else "triton-embedded"
         self.repository: Path = Path(repository or settings.model_dir / default).resolve()
         """The Triton model repository served."""
-        self.model: str = settings.triton_model
-        """The model whose readiness ``wait_ready`` waits for."""
+        served = {} if repository is not None else settings.served_models()
+        self.models: tuple[str, ...] = tuple(served) or (settings.triton_model,)
+        """The models loaded, watched and repaired: KEYRANK_MODELS' names (each its own Triton model), else one."""
+        self.model: str = self.models[0]
+        """The default model (the only one unless KEYRANK_MODELS names several)."""
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         # 0 / unset = a free port; a configured one must be free now.
         wanted = [
@@ -106,6 +110,14 @@ class EmbeddedTriton:
         self._own_work_dir = work_dir is None
         self.work_dir: Path = Path(work_dir or tempfile.mkdtemp(prefix="keyrank-triton-"))
         """Private directory: backends/ and the log."""
+        if served:  # one repository in the work dir, an entry per model under its name
+            self.repository = self.work_dir / "repository"
+            try:
+                write_served_repository(self.repository, served, default)
+            except FileNotFoundError as exc:
+                if self._own_work_dir:
+                    shutil.rmtree(self.work_dir, ignore_errors=True)
+                raise ModelAssetsMissing(str(exc)) from None
         self.log_path: Path = self.work_dir / "tritonserver.log"
         """stdout + stderr of the server and of its Python backend stubs."""
         # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
@@ -127,7 +139,7 @@ class EmbeddedTriton:
         """Became ready since its last (re)start; a crash does not clear it, a stop does."""
         self.returncode: int | None = None
         """Exit code of the last server process, once it has exited."""
-        self._reload_config: dict | None = None
+        self._reload_config: dict[str, dict | None] = {}
         self._supervise = supervise
         self._on_give_up = on_give_up
         self.supervisor: Supervisor | None = None
@@ -185,7 +197,7 @@ class EmbeddedTriton:
             # Explicit control: the supervisor can unload a model whose stub died (readiness 503 at
             # once) and load it again; only our model is loaded, and only with the admin key.
             "--model-control-mode=explicit",
-            f"--load-model={self.model}",
+            *(f"--load-model={model}" for model in self.models),
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",
@@ -212,8 +224,9 @@ class EmbeddedTriton:
     def _start_locked(self) -> None:
         if self.is_running():
             return
-        if not (self.repository / self.model / "config.pbtxt").exists():
-            raise ModelAssetsMissing(missing_model_message(self.repository, self.model))
+        for model in self.models:
+            if not (self.repository / model / "config.pbtxt").exists():
+                raise ModelAssetsMissing(missing_model_message(self.repository, model))
         wheel = PytritonWheel()
         command = self._command(wheel, wheel.backend_dir(self.work_dir))
         env = wheel.environment()
@@ -268,7 +281,7 @@ class EmbeddedTriton:
         return f"tritonserver exited (code {code}) before ready:\n{tail}"
 
     def wait_ready(self, timeout: float | None = None) -> float:
-        """Block until the server is ours (its id), ready, and the model ready; returns the seconds waited."""
+        """Block until the server is ours (its id), ready, and every model ready; returns the seconds waited."""
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         while True:
@@ -281,34 +294,37 @@ class EmbeddedTriton:
             if (
                 self.admin.server_id() == self.server_id
                 and self.admin.server_ready()
-                and self.admin.model_ready(self.model)
+                and all(self.admin.model_ready(model) for model in self.models)
             ):
                 # On CPU a warm-up buys nothing (first runs cost what later ones do) and it delays a
                 # repair by seconds: a reload uses this config without it.
-                config = self.admin.config(self.model) or {}
-                config.pop("model_warmup", None)
-                self._reload_config = config or None
+                for model in self.models:
+                    config = self.admin.config(model) or {}
+                    config.pop("model_warmup", None)
+                    self._reload_config[model] = config or None
                 self.serving = True
                 return time.monotonic() - t0
             if time.monotonic() - t0 > timeout:
                 raise EmbeddedTritonError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(_POLL_S)
 
-    def reload_model(self, timeout: float | None = None) -> float:
-        """Unload the model (readiness turns false at once), load it again; returns the seconds taken.
+    def reload_model(self, timeout: float | None = None, models: tuple[str, ...] | None = None) -> float:
+        """Unload the models (all, or ``models``; readiness turns false at once), load them again; returns
+        the seconds taken.
 
         Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
         """
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         with self.lifecycle:
-            if not self.admin.unload(self.model):
-                raise EmbeddedTritonError(f"Triton refused to unload {self.model!r}")
-            error = self.admin.load(self.model, timeout, self._reload_config)
-            if error is not None:
-                raise EmbeddedTritonError(f"Triton could not load {self.model!r} again: {error}")
-            if not self.admin.model_ready(self.model):
-                raise EmbeddedTritonError(f"{self.model!r} not ready after its reload")
+            for model in models or self.models:
+                if not self.admin.unload(model):
+                    raise EmbeddedTritonError(f"Triton refused to unload {model!r}")
+                error = self.admin.load(model, timeout, self._reload_config.get(model))
+                if error is not None:
+                    raise EmbeddedTritonError(f"Triton could not load {model!r} again: {error}")
+                if not self.admin.model_ready(model):
+                    raise EmbeddedTritonError(f"{model!r} not ready after its reload")
         return time.monotonic() - t0
 
     def stop(self, timeout: float = 10.0) -> None:

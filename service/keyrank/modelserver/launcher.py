@@ -1,7 +1,9 @@
 """`keyrank serve`: the gateway (uvicorn) and, unless told of an external one, an embedded Triton.
 
 The embedded Triton is the tritonserver binary of the nvidia-pytriton wheel on
-the generated CPU repository (models/triton-embedded), on free loopback ports.
+the generated CPU repository (models/triton-embedded), on free loopback ports;
+with several models (KEYRANK_MODELS) on one repository in its work dir holding
+each under its name, all loaded and watched.
 It supervises itself (supervision.py): a dead model process is unloaded and
 loaded again, a dead server restarted, and the gateway answers 503 meanwhile;
 past a bounded number of repairs `serve` stops and exits non-zero, saying why.
@@ -99,6 +101,11 @@ def serve(settings: Settings) -> int:
     triton: EmbeddedTriton | None = None
     gave_up = _GiveUp()
     try:
+        settings.served_models()  # a malformed KEYRANK_MODELS is named before anything starts
+    except ValueError as exc:
+        print(f"keyrank serve: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
         if not settings.triton_url:
             try:
                 triton = EmbeddedTriton(settings=settings, on_give_up=gave_up)
@@ -107,7 +114,7 @@ def serve(settings: Settings) -> int:
             except KeyrankError as exc:
                 print(f"keyrank serve: cannot start the embedded Triton: {exc}", file=sys.stderr, flush=True)
                 return 1
-            _phase(f"embedded Triton {triton.server_id} ready in {waited:.1f} s (supervised)")
+            _phase(f"embedded Triton {triton.server_id} ready in {waited:.1f} s (supervised), serving {', '.join(triton.models)}")
             settings = settings.with_overrides(triton_url=triton.grpc_url, triton_server_id=triton.server_id)
         _phase(f"gateway on http://{settings.host}:{settings.port}  (docs: /docs, Triton: {settings.triton_url})")
         if settings.workers > 1:
@@ -116,6 +123,9 @@ def serve(settings: Settings) -> int:
             if settings.triton_server_id:
                 os.environ["KEYRANK_TRITON_SERVER_ID"] = settings.triton_server_id
             os.environ["KEYRANK_MODEL_DIR"] = str(settings.model_dir)
+            for name, value in (("KEYRANK_MODELS", settings.models), ("KEYRANK_DEFAULT_MODEL", settings.default_model)):
+                if value:
+                    os.environ[name] = value
             os.environ["KEYRANK_HEADER_READ_TIMEOUT_S"] = str(settings.header_read_timeout_s)
             uvicorn.run(
                 "keyrank.modelserver.launcher:create_served_app", factory=True, host=settings.host, port=settings.port,

@@ -10,6 +10,7 @@ gateway cannot tell them apart.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -105,6 +106,28 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
         except OSError:
             shutil.copy2(source, tmp)
         os.replace(tmp, target)
+
+
+def write_served_repository(out: Path, models: dict[str, Path], variant: str) -> None:
+    """One Triton repository serving several prepared models (``keyrank serve --models``): under ``out``, each
+    model's ``<folder>/<variant>/cross_encoder`` as ``out/<name>``: its config.pbtxt with the name rewritten,
+    its version folder's files as symlinks (no copy of the weights). Raises FileNotFoundError naming a
+    folder that was not prepared."""
+    for name, folder in models.items():
+        source = Path(folder).resolve() / variant / MODEL_NAME
+        config = source / "config.pbtxt"
+        if not config.is_file():
+            raise FileNotFoundError(f"model {name!r}: {config} not found (run `keyrank prepare --out {folder}`)")
+        text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.MULTILINE)
+        write_if_changed(out / name / "config.pbtxt", text)
+        for version in (p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
+            target = out / name / version.name
+            target.mkdir(parents=True, exist_ok=True)
+            for file in version.iterdir():
+                link = target / file.name
+                if not link.is_symlink() or link.resolve() != file.resolve():
+                    link.unlink(missing_ok=True)
+                    link.symlink_to(file.resolve())
 
 
 def write_if_changed(path: Path, text: str) -> None:

@@ -44,6 +44,7 @@ class SupervisedServer(Protocol):
     this module does not import the one that imports it."""
 
     model: str
+    """The default model; ``models`` (when the server has it) are all those watched."""
     server_id: str
     lifecycle: Any
     """Lock held while the process is (re)started or stopped."""
@@ -61,6 +62,11 @@ class SupervisedServer(Protocol):
     def reload_model(self) -> None: ...
     def restart_locked(self) -> None: ...
     def log_tail(self) -> str: ...
+
+
+def served_models(triton: SupervisedServer) -> tuple[str, ...]:
+    """Every model the server serves (``keyrank serve --models`` loads several), else its one ``model``."""
+    return tuple(getattr(triton, "models", None) or (triton.model,))
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -178,12 +184,15 @@ class _InferenceProber(threading.Thread):
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
             admin = self.triton.admin
-            error = admin.probe_inference(self.triton.model, self.timeout_s)
-            if error == "timeout":
-                self.hang.timed_out(started, admin.execution_count(self.triton.model))
+            errors = {model: admin.probe_inference(model, self.timeout_s) for model in served_models(self.triton)}
+            timed_out = [model for model, error in errors.items() if error == "timeout"]
+            if timed_out:
+                counts = [admin.execution_count(model) for model in timed_out]
+                self.hang.timed_out(started, None if None in counts else sum(counts))
                 continue
             self.hang.answered()
-            self.last_error = None if error is None else (started, error)
+            failed = [f"{model}: {error}" if len(errors) > 1 else error for model, error in errors.items() if error is not None]
+            self.last_error = (started, "; ".join(failed)) if failed else None
 
 
 class Supervisor(threading.Thread):
@@ -265,8 +274,9 @@ class Supervisor(threading.Thread):
             self._next_http = now + self.http_every_s
             if triton.admin.server_id() not in (triton.server_id, None):
                 return "Triton's port answers with another server's id"
-            if not triton.admin.model_ready(triton.model):
-                return f"model {triton.model!r} is not ready"
+            for model in served_models(triton):
+                if not triton.admin.model_ready(model):
+                    return f"model {model!r} is not ready"
         error = self._prober.last_error
         if error is not None and error[0] > self._repaired_at:
             return f"probe inference failed: {error[1]}"
@@ -285,7 +295,7 @@ class Supervisor(threading.Thread):
         """
         if self._stubs_of != server_pid:
             self._stubs, self._stubs_of, self._stopped_since = {}, server_pid, {}
-        stubs = model_stubs(server_pid, self.triton.model)
+        stubs = {pid: stub for model in served_models(self.triton) for pid, stub in model_stubs(server_pid, model).items()}
         live = {pid: stub for pid, stub in stubs.items() if stub.state not in ("Z", "X")}
         died = sorted(
             pid for pid, stub in self._stubs.items()
@@ -333,7 +343,8 @@ class Supervisor(threading.Thread):
         log.error("embedded Triton: %s; repairing", fault)
         model_level = seen_pid is not None and not fault.startswith("Triton's port")
         if model_level:
-            triton.admin.unload(triton.model)  # /readyz 503 now, whatever the backoff below
+            for model in served_models(triton):  # every model is reloaded: simple, and a fault rarely spares the rest
+                triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
                 self._give_up(fault)
@@ -345,7 +356,9 @@ class Supervisor(threading.Thread):
                 with triton.lifecycle:
                     if not triton.wanted:
                         return
-                    if triton.pid not in (seen_pid, None) and triton.serving and triton.admin.model_ready(triton.model):
+                    if triton.pid not in (seen_pid, None) and triton.serving and all(
+                        triton.admin.model_ready(model) for model in served_models(triton)
+                    ):
                         return  # someone (a test, an operator) restarted it meanwhile
                     if model_level:
                         triton.reload_model()
