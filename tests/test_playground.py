@@ -40,6 +40,7 @@ def test_the_playground_is_off_with_the_setting_false(prepared_models):
     with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON, playground=False)) as url:
         assert httpx.get(f"{url}/playground").status_code == 404
         assert httpx.get(f"{url}/playground/sample.json").status_code == 404
+        assert httpx.get(f"{url}/playground/qmsum.json").status_code == 404
     with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON)) as url:  # on by default
         page = httpx.get(f"{url}/playground")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
@@ -47,7 +48,9 @@ def test_the_playground_is_off_with_the_setting_false(prepared_models):
 
 def test_with_a_key_the_playground_needs_it(prepared_models):
     with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON, api_key=KEY)) as url:
-        for path in ("/playground", "/playground/sample.json"):
+        from keyrank.api.playground import qmsum_path
+
+        for path in ("/playground", "/playground/sample.json", *(["/playground/qmsum.json"] if qmsum_path().is_file() else [])):
             missing = httpx.get(url + path)
             assert missing.status_code == 401, path
             assert missing.json()["error"]["message"].startswith("missing API key")
@@ -115,6 +118,32 @@ def test_keyb2_and_maxp_find_the_samples_answer_and_firstp_does_not(local_rerank
     results, missed = rank("firstp")
     assert results[0].index != relevant, [(r.index, r.score) for r in results]
     assert max(e.end for e in missed.evidence) < start  # what firstp read of the part stops before the answer
+
+
+# --- the QMSum meeting, read at runtime from the evaluation data where it is present -------------------
+
+
+def _config(page: str) -> dict:
+    return json.loads(re.search(r"const CONFIG = (.*);\n", page).group(1))
+
+
+def test_the_qmsum_meeting_is_read_from_the_evaluation_data(prepared_models, monkeypatch, tmp_path):
+    from keyrank.api.playground import QMSUM_QUERY, qmsum_path
+
+    if not qmsum_path().is_file():
+        pytest.skip(f"no QMSum data at {qmsum_path()} (KEYRANK_EVAL_DATA_DIR)")
+    assert not any(p.name.startswith("ES2009c") for p in SAMPLE.parent.iterdir())  # never copied into the package
+    with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON)) as url:
+        assert _config(httpx.get(f"{url}/playground").text)["qmsumUrl"] == "/playground/qmsum.json"
+        meeting = httpx.get(f"{url}/playground/qmsum.json").json()
+        assert meeting["query"] == QMSUM_QUERY and len(meeting["documents"]) == 4 and meeting["relevant_document"] == 1
+        assert meeting["documents"][1]["id"] == "ES2009c part 2: The conceived touch screen within the limited budget"
+        assert meeting["documents"][0]["text"].startswith("Marketing: {vocalsound} That went well , thank you .\n")
+
+        monkeypatch.setenv("KEYRANK_EVAL_DATA_DIR", str(tmp_path))  # no data there: no choice, and a 404 saying why
+        assert _config(httpx.get(f"{url}/playground").text)["qmsumUrl"] is None
+        missing = httpx.get(f"{url}/playground/qmsum.json")
+        assert missing.status_code == 404 and "KEYRANK_EVAL_DATA_DIR" in missing.json()["error"]["message"]
 
 
 # --- the page in a browser --------------------------------------------------------------------------------
@@ -219,6 +248,25 @@ def test_the_page_ranks_the_sample_and_highlights_the_evidence(browser, prepared
     assert colours is not None and len(colours) > 100, f"{shot}: {len(colours or [])} colours: blank?"
     highlighted = sum(n for n, rgb in colours if max(abs(a - b) for a, b in zip(rgb, MARK_RGB)) <= 6)
     assert highlighted > 200, f"{shot}: the evidence highlight is not on screen ({highlighted} pixels)"
+
+
+def test_the_page_loads_the_qmsum_meeting_where_the_data_is(browser, prepared_models, monkeypatch, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from keyrank.api.playground import QMSUM_QUERY, qmsum_path
+
+    if not qmsum_path().is_file():
+        pytest.skip(f"no QMSum data at {qmsum_path()} (KEYRANK_EVAL_DATA_DIR)")
+    with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON)) as url:
+        browser.get(f"{url}/playground")
+        browser.find_element(By.ID, "load-qmsum").click()
+        _wait(browser, lambda d: d.find_element(By.ID, "status").text.startswith("sample loaded: 4 documents"))
+        assert browser.find_element(By.ID, "query").get_attribute("value") == QMSUM_QUERY
+        assert "QMSum" in browser.find_element(By.ID, "sample-about").text
+        monkeypatch.setenv("KEYRANK_EVAL_DATA_DIR", str(tmp_path))
+        browser.get(f"{url}/playground")
+        assert not browser.find_element(By.ID, "load-qmsum").is_displayed()
+        assert browser.find_element(By.ID, "load-sample").is_displayed()
 
 
 @pytest.mark.triton

@@ -9,6 +9,11 @@ the native ``POST /rerank`` with ``return_evidence`` like any client would, and 
 what each score rests on (coverage), each document with its evidence highlighted, and the per-stage
 timings. Off with ``KEYRANK_PLAYGROUND=false`` (the routes are then not registered: 404).
 
+Where the QMSum data is on this machine (``KEYRANK_EVAL_DATA_DIR``, default ``../shared/datasets``, as
+``keyrank eval`` reads it), the page also offers one QMSum validation meeting (ES2009c, its four topic
+segments as the documents, one of its human queries), read from there on each request and never copied
+into the package: evaluation data stays where it is.
+
 With ``KEYRANK_API_KEY`` set the page and its sample need the key too: ``Authorization: Bearer <key>``,
 or Basic credentials with the key as the password, which is what a browser sends after the
 ``WWW-Authenticate: Basic`` challenge of the 401 (any user name). The page's own calls to /rerank
@@ -20,6 +25,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 import secrets
 from functools import cache
 from pathlib import Path, PurePath
@@ -33,6 +39,8 @@ from keyrank.strategies import REGISTRY
 STATIC = Path(__file__).parent / "static"
 PAGE = STATIC / "playground.html"
 SAMPLE = STATIC / "sample-meeting.json"
+QMSUM_MEETING = Path("qmsum") / "val" / "ES2009c.json"
+QMSUM_QUERY = "What did the group talk about the touch screen under the limitation of the budget?"
 _CONFIG_SLOT = "/*PLAYGROUND_CONFIG*/null"
 """Where the page's configuration (choices and defaults) is written into the HTML."""
 
@@ -104,6 +112,7 @@ async def playground(request: Request) -> HTMLResponse:
         "keyRequired": settings.api_key is not None,
         "rerankUrl": f"{request.scope.get('root_path', '')}/rerank",
         "sampleUrl": f"{request.scope.get('root_path', '')}/playground/sample.json",
+        "qmsumUrl": f"{request.scope.get('root_path', '')}/playground/qmsum.json" if qmsum_path().is_file() else None,
     }
     # json.dumps escapes nothing HTML-special on its own: "</" would end the script element.
     html = _page_template().replace(_CONFIG_SLOT, json.dumps(config).replace("</", "<\\/"), 1)
@@ -113,3 +122,40 @@ async def playground(request: Request) -> HTMLResponse:
 @router.get("/playground/sample.json")
 async def sample() -> FileResponse:
     return FileResponse(SAMPLE, media_type="application/json")
+
+
+def qmsum_path() -> Path:
+    """The QMSum meeting the page offers, under KEYRANK_EVAL_DATA_DIR (read when asked: it may come and go)."""
+    return Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets")) / QMSUM_MEETING
+
+
+def qmsum_sample(path: Path) -> dict:
+    """The meeting's topic segments as documents ("Speaker: words" per turn) and QMSUM_QUERY, shaped like the
+    bundled sample; ``relevant_document`` is the segment holding the query's judged turns."""
+    meeting = json.loads(path.read_text(encoding="utf-8"))
+    turns = meeting["meeting_transcripts"]
+    spans = [[int(a), int(b)] for topic in meeting["topic_list"] for a, b in topic["relevant_text_span"][:1]]
+    documents = [
+        {"id": f"{path.stem} part {i}: {topic['topic']}",
+         "text": "\n".join(f"{t['speaker']}: {t['content']}" for t in turns[a: b + 1])}
+        for i, (topic, (a, b)) in enumerate(zip(meeting["topic_list"], spans), 1)
+    ]
+    query = next(q for q in meeting["specific_query_list"] if q["query"] == QMSUM_QUERY)
+    first = int(query["relevant_text_span"][0][0])
+    return {
+        "about": f"One meeting of QMSum's validation split ({path.stem}, AMI corpus), its topic segments as the "
+                 "documents and one of its human queries, read from the evaluation data on this machine.",
+        "source": f"QMSum (Zhong et al., NAACL 2021), {path}",
+        "license": "QMSum repository MIT; AMI Meeting Corpus CC BY 4.0",
+        "query": query["query"],
+        "relevant_document": next(i for i, (a, b) in enumerate(spans) if a <= first <= b),
+        "documents": documents,
+    }
+
+
+@router.get("/playground/qmsum.json")
+async def qmsum() -> dict:
+    path = qmsum_path()
+    if not path.is_file():
+        raise HTTPException(404, f"no QMSum meeting at {path}: set KEYRANK_EVAL_DATA_DIR to the folder holding qmsum/")
+    return qmsum_sample(path)
