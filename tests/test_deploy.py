@@ -71,10 +71,32 @@ def gpu_objects(helm: str) -> list[dict]:
     return render(helm, GPU_VALUES)
 
 
-@pytest.fixture(scope="module", params=["default", "gpu"])
-def objects(request, default_objects, gpu_objects) -> list[dict]:
-    """Both renderings, so a property holds whichever values file is used."""
-    return default_objects if request.param == "default" else gpu_objects
+SERVED = {"served": [{"name": "base", "model": "cross-encoder/ms-marco-MiniLM-L-6-v2"}, {"name": "ft", "model": "/checkpoints/ft"}],
+          "default": "ft"}
+"""Two models side by side (issue 20): values of models.served and models.default."""
+
+
+@pytest.fixture(scope="module")
+def served_values(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("values") / "served.yaml"
+    path.write_text(yaml.safe_dump({"models": SERVED}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def served_objects(helm: str, served_values: Path) -> list[dict]:
+    return render(helm, served_values)
+
+
+@pytest.fixture(scope="module")
+def served_gpu_objects(helm: str, served_values: Path) -> list[dict]:
+    return render(helm, GPU_VALUES, served_values)
+
+
+@pytest.fixture(scope="module", params=["default", "gpu", "served", "served-gpu"])
+def objects(request, default_objects, gpu_objects, served_objects, served_gpu_objects) -> list[dict]:
+    """Every rendering, so a property holds whichever values file is used (one model or several)."""
+    return {"default": default_objects, "gpu": gpu_objects, "served": served_objects, "served-gpu": served_gpu_objects}[request.param]
 
 
 def find(objects: list[dict], kind: str, name_suffix: str = "") -> list[dict]:
@@ -107,10 +129,11 @@ def container(workload: dict, name: str) -> dict:
 # --- helm -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("values", [[], [GPU_VALUES]], ids=["default", "gpu"])
-def test_chart_lints_strictly_with_default_and_gpu_values(helm, values):
+@pytest.mark.parametrize("values", [[], [GPU_VALUES], ["served"]], ids=["default", "gpu", "served"])
+def test_chart_lints_strictly_with_default_and_gpu_values(helm, values, served_values):
     command = [helm, "lint", str(CHART), "--strict", "--kube-version", KUBE_VERSION]
     for path in values:
+        path = served_values if path == "served" else path
         command += ["-f", str(path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -177,7 +200,8 @@ def test_gpu_values_pin_triton_to_the_gpu_node_pool_and_keep_the_gateway_off_it(
 def test_triton_serves_the_prepared_repository_with_shared_memory(objects):
     triton = one(objects, "Deployment", "-triton")
     main = container(triton, "triton")
-    assert "--model-repository=/models/triton" in main["args"]
+    several = any(c["name"] == "model-repository" for c in pod_spec(triton)["initContainers"])  # models.served
+    assert ("--model-repository=/repository" if several else "--model-repository=/models/triton") in main["args"]
     assert "--strict-readiness=true" in main["args"]
     volumes = {v["name"]: v for v in pod_spec(triton)["volumes"]}
     assert volumes["dshm"]["emptyDir"]["medium"] == "Memory"
@@ -324,6 +348,67 @@ def test_gpu_values_export_once_into_a_shared_claim(gpu_objects):
         assert [c["name"] for c in pod_spec(workload)["initContainers"]] == ["wait-for-models"]
 
 
+def _env(workload: dict, name: str) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container(workload, name).get("env", [])}
+
+
+def test_served_models_are_each_exported_and_named_to_the_gateway(served_objects):
+    gateway = one(served_objects, "Deployment", "-gateway")
+    assert _env(gateway, "gateway")["KEYRANK_MODELS"] == "base=/models/base,ft=/models/ft"
+    assert _env(gateway, "gateway")["KEYRANK_DEFAULT_MODEL"] == "ft"
+    for workload in find(served_objects, "Deployment"):
+        init = pod_spec(workload)["initContainers"]
+        exports = {e["KEYRANK_PREPARE_MODEL"]: e["KEYRANK_PREPARE_OUT"]
+                   for e in ({x["name"]: x["value"] for x in c["env"]} for c in init if c["name"].startswith("prepare-model-"))}
+        assert exports == {"cross-encoder/ms-marco-MiniLM-L-6-v2": "/models/base", "/checkpoints/ft": "/models/ft"}
+
+
+def test_triton_loads_every_served_model_under_its_name(served_objects, tmp_path):
+    triton = one(served_objects, "Deployment", "-triton")
+    args = container(triton, "triton")["args"]
+    assert "--model-repository=/repository" in args
+    assert "--model=ft" in container(triton, "model-guard")["args"]  # the guard watches the default model
+    script = next(c for c in pod_spec(triton)["initContainers"] if c["name"] == "model-repository")["command"][2]
+    # The script, run on prepared-looking folders: each model under its name, its config renamed.
+    for name in ("base", "ft"):
+        version = tmp_path / "models" / name / "triton" / "cross_encoder" / "1"
+        version.mkdir(parents=True)
+        (version / "model.onnx").write_text(name)
+        (version.parent / "config.pbtxt").write_text('name: "cross_encoder"\nbackend: "onnxruntime"\n')
+    local = script.replace("/models/", f"{tmp_path}/models/").replace("/repository", f"{tmp_path}/repository")
+    subprocess.run(["sh", "-c", local], check=True, timeout=30)
+    for name in ("base", "ft"):
+        config = (tmp_path / "repository" / name / "config.pbtxt").read_text()
+        assert config == f'name: "{name}"\nbackend: "onnxruntime"\n'
+        assert (tmp_path / "repository" / name / "1" / "model.onnx").read_text() == name
+
+
+def test_served_models_in_a_shared_claim_are_exported_by_one_job_and_awaited(served_gpu_objects):
+    job = one(served_gpu_objects, "Job", "-prepare-1")
+    outs = sorted(next(e["value"] for e in c["env"] if e["name"] == "KEYRANK_PREPARE_OUT") for c in pod_spec(job)["containers"])
+    assert outs == ["/models/base", "/models/ft"]
+    for workload in find(served_gpu_objects, "Deployment"):
+        wait = next(c for c in pod_spec(workload)["initContainers"] if c["name"] == "wait-for-models")
+        assert "/models/base/gateway/manifest.json" in wait["command"][2] and "/models/ft/triton" in wait["command"][2]
+
+
+@pytest.mark.parametrize(
+    ("served", "said"),
+    [
+        ({"served": [{"name": "bad name", "model": "m"}]}, 'models.served[0].name "bad name": letters, digits'),
+        ({"served": [{"name": "a", "model": "m"}, {"name": "a", "model": "m2"}]}, 'models.served[1].name "a" is given twice'),
+        ({"served": [{"name": "a"}]}, "models.served[0] must be {name, model}"),
+        ({"served": [{"name": "a", "model": "m"}], "default": "b"}, 'models.default "b" is not one of models.served'),
+    ],
+)
+def test_a_bad_served_model_list_fails_rendering_naming_the_value(helm, tmp_path, served, said):
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"models": served}))
+    result = subprocess.run([helm, "template", "keyrank", str(CHART), "-f", str(values)], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert said in result.stderr, result.stderr
+
+
 def test_service_monitors_scrape_named_ports_of_both_services(gpu_objects):
     monitors = find(gpu_objects, "ServiceMonitor")
     assert len(monitors) == 2
@@ -343,6 +428,7 @@ def test_grafana_dashboard_shows_per_stage_latency(gpu_objects):
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert any("keyrank_stage_seconds_bucket" in q and "stage" in q for q in queries)
     assert any("nv_inference_queue_duration_us" in q for q in queries)
+    assert any("keyrank_requests_total" in q and "model" in q for q in queries)  # requests by served model
 
 
 # --- docker-compose, yamllint ----------------------------------------------------------------

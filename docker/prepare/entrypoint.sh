@@ -22,6 +22,7 @@ if [ "${KEYRANK_PREPARE_FORCE:-0}" != "1" ] && [ -f "$manifest" ] \
   exit 0
 fi
 
+mkdir -p "$out"  # /models/<name> of the chart's models.served
 scratch="$out/.prepare-$(hostname)-$$"
 rm -rf "$scratch"
 set -- --model "$model" --out "$scratch"

@@ -61,16 +61,57 @@ app.kubernetes.io/part-of: keyrank
 {{ .Values.models.prepareImage.repository }}:{{ .Values.models.prepareImage.tag | default .Chart.AppVersion }}
 {{- end -}}
 
-{{/* The export step, as an init container ("init") or the Job's container ("pvc"). */}}
+{{/* models.served, checked: [{name, model}] with distinct names that can be folder and Triton model
+names, and a default among them; [] for the one model of models.model. */}}
+{{- define "keyrank.servedModels" -}}
+{{- $names := list -}}
+{{- range $i, $m := .Values.models.served -}}
+{{- if not (and (kindIs "map" $m) $m.name $m.model) -}}
+{{- fail (printf "models.served[%d] must be {name, model}, got %v" $i $m) -}}
+{{- end -}}
+{{- if not (regexMatch "^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$" $m.name) -}}
+{{- fail (printf "models.served[%d].name %q: letters, digits, '.', '_', '-' only (at most 64, starting with a letter or digit)" $i $m.name) -}}
+{{- end -}}
+{{- if has $m.name $names -}}
+{{- fail (printf "models.served[%d].name %q is given twice" $i $m.name) -}}
+{{- end -}}
+{{- $names = append $names $m.name -}}
+{{- end -}}
+{{- if and .Values.models.default (not (has .Values.models.default $names)) -}}
+{{- fail (printf "models.default %q is not one of models.served's names %v" .Values.models.default $names) -}}
+{{- end -}}
+{{- toJson .Values.models.served -}}
+{{- end -}}
+
+{{/* The default model's name with models.served ("" without). */}}
+{{- define "keyrank.defaultModel" -}}
+{{- $served := include "keyrank.servedModels" . | fromJsonArray -}}
+{{- if $served -}}{{ .Values.models.default | default (index $served 0).name }}{{- end -}}
+{{- end -}}
+
+{{/* The export step, as init containers ("init") or the Job's containers ("pvc"): one per served model,
+each into /models/<name>, or the one model into /models. */}}
 {{- define "keyrank.prepareContainer" -}}
-- name: prepare-models
+{{- $served := include "keyrank.servedModels" . | fromJsonArray -}}
+{{- if $served -}}
+{{- range $i, $m := $served }}
+{{ include "keyrank.prepareOne" (dict "root" $ "container" (printf "prepare-model-%d" $i) "model" $m.model "out" (printf "/models/%s" $m.name)) }}
+{{- end -}}
+{{- else -}}
+{{ include "keyrank.prepareOne" (dict "root" . "container" "prepare-models" "model" .Values.models.model "out" "/models") }}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrank.prepareOne" -}}
+{{- with .root -}}
+- name: {{ $.container }}
   image: {{ include "keyrank.prepareImage" . }}
   imagePullPolicy: {{ .Values.models.prepareImage.pullPolicy }}
   env:
     - name: KEYRANK_PREPARE_MODEL
-      value: {{ .Values.models.model | quote }}
+      value: {{ $.model | quote }}
     - name: KEYRANK_PREPARE_OUT
-      value: /models
+      value: {{ $.out }}
     - name: KEYRANK_PREPARE_TENSORRT_FP16
       value: {{ ternary "1" "0" .Values.models.tensorrtFp16 | quote }}
     {{- with .Values.models.prepareEnv }}
@@ -86,6 +127,36 @@ app.kubernetes.io/part-of: keyrank
     - name: tmp
       mountPath: /tmp
 {{- end -}}
+{{- end -}}
+
+{{/* Triton's repository with models.served: each model's prepared triton/cross_encoder under its name
+(config.pbtxt renamed, the version folder linked), written into the "repository" emptyDir. */}}
+{{- define "keyrank.servedRepository" -}}
+- name: model-repository
+  image: {{ .image }}
+  imagePullPolicy: {{ .pullPolicy }}
+  command:
+    - sh
+    - -c
+    - |
+      set -eu
+      {{- range (include "keyrank.servedModels" .root | fromJsonArray) }}
+      mkdir -p /repository/{{ .name }}
+      sed 's/^name: .*/name: "{{ .name }}"/' /models/{{ .name }}/triton/cross_encoder/config.pbtxt > /repository/{{ .name }}/config.pbtxt
+      ln -sfn /models/{{ .name }}/triton/cross_encoder/1 /repository/{{ .name }}/1
+      {{- end }}
+  securityContext:
+    {{- toYaml .root.Values.containerSecurityContext | nindent 4 }}
+  resources:
+    requests: {cpu: 10m, memory: 16Mi}
+    limits: {memory: 64Mi}
+  volumeMounts:
+    - name: models
+      mountPath: /models
+      readOnly: true
+    - name: repository
+      mountPath: /repository
+{{- end -}}
 
 {{/* "pvc" mode: pods wait until the export Job has written the gateway manifest
 (written last), using their own image's shell. Call with (dict "root" $ "image" "..." "pullPolicy" "..."). */}}
@@ -93,7 +164,12 @@ app.kubernetes.io/part-of: keyrank
 - name: wait-for-models
   image: {{ .image }}
   imagePullPolicy: {{ .pullPolicy }}
-  command: ["sh", "-c", "until [ -f /models/gateway/manifest.json ] && [ -d /models/triton ]; do echo waiting for the model export; sleep 5; done"]
+  {{- $served := include "keyrank.servedModels" .root | fromJsonArray }}
+  {{- $dirs := list "/models" }}
+  {{- if $served }}{{ $dirs = list }}{{ range $served }}{{ $dirs = append $dirs (printf "/models/%s" .name) }}{{ end }}{{ end }}
+  {{- $ready := list }}
+  {{- range $dirs }}{{ $ready = append $ready (printf "[ -f %s/gateway/manifest.json ] && [ -d %s/triton ]" . .) }}{{ end }}
+  command: ["sh", "-c", {{ printf "until %s; do echo waiting for the model export; sleep 5; done" (join " && " $ready) | quote }}]
   securityContext:
     {{- toYaml .root.Values.containerSecurityContext | nindent 4 }}
   resources:
