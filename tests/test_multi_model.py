@@ -1,5 +1,5 @@
-"""Several models, one deployment (issue 20, item 2): the real cross-encoder ("base") and a tiny BERT ("tiny")
-served side by side; the request's ``model`` picks one on every route, absent = the default, an unknown
+"""Several models, one deployment (issue 20, item 2): the real cross-encoder ("base") and a tiny BERT fine-tuned
+by `keyrank finetune` on the toy judged set ("tiny") served side by side; the request's ``model`` picks one on every route, absent = the default, an unknown
 name is a 422 listing both, discovery lists both, metrics carry the model.
 
 Each model's answers must be what that model alone gives (``Reranker.local`` of its folder): a gateway that
@@ -21,7 +21,7 @@ from keyrank.api import create_app
 from keyrank.config import Settings
 from keyrank.reranker import Reranker
 from prometheus_client.parser import text_string_to_metric_families
-from toy_judged import tiny_bert
+from toy_judged import tiny_bert, toy_trec
 
 QUERY = "when was the budget agreed"
 DOCS = [
@@ -34,12 +34,22 @@ RERANK_ROUTES = ("/rerank", "/v1/rerank", "/v2/rerank", "/tei/rerank", "/infinit
 
 @pytest.fixture(scope="module")
 def folders(prepared_models: Path, tmp_path_factory) -> dict[str, Path]:
-    """The base model (the session's prepared models/) and a tiny BERT prepared beside it (a few seconds)."""
+    """The base model (the session's prepared models/) and a tiny BERT fine-tuned for one epoch on the toy
+    judged set (tests/toy_judged.py, as test_finetune.py does) and prepared beside it (~40 s)."""
+    import torch
     from keyrank.prepare.export import prepare
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
 
     root = tmp_path_factory.mktemp("multi-model")
+    torch.set_num_threads(2)
+    trained = finetune(
+        model=str(tiny_bert(root / "tiny-bert")), out=root / "run", strategy="keyb2", selector="bm25",
+        trec=TrecFiles(*toy_trec(root)), epochs=1, lr=5e-3, groups_per_step=2, sequences_per_forward=8, seed=0,
+        progress=False, threads=2, dev_max_queries=None,
+    )
     out = root / "models-tiny"
-    prepare(str(tiny_bert(root / "tiny-bert")), out, bi_encoder=None)
+    prepare(str(trained.model_dir), out, bi_encoder=None)
     return {"base": Path(prepared_models), "tiny": out}
 
 
