@@ -62,7 +62,8 @@ def reranker(prepared_models: Path, embedded_triton):
     from keyrank.config import Settings
     from keyrank.reranker import Reranker
 
-    reranker = Reranker(Settings(model_dir=Path(prepared_models), triton_url=embedded_triton.grpc_url))
+    # A generous deadline: these tests pin rankings, not latency, and must hold on a loaded machine.
+    reranker = Reranker(Settings(model_dir=Path(prepared_models), triton_url=embedded_triton.grpc_url, request_timeout_s=300))
     yield reranker
     reranker.close()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -65,7 +64,9 @@ class Serve:
 
 @pytest.fixture()
 def serve(prepared_models: Path, tmp_path: Path):
-    served = Serve(prepared_models, tmp_path)
+    # A deadline the long requests meet even on a loaded machine (CI beside other jobs): a 503 here is
+    # then a fault's, never a request that merely ran slow (two were, at load 10 on 2 cores).
+    served = Serve(prepared_models, tmp_path, KEYRANK_REQUEST_TIMEOUT_S="120")
     try:
         yield served
         served.stop_and_check()

@@ -198,12 +198,21 @@ def test_a_busy_model_whose_probes_time_out_is_not_taken_for_a_hung_one(prepared
                 while not stop_load.is_set():
                     assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=batch).status_code == 200
 
+        # "Hung" means no execution finished for hang_after_s: it must exceed one batch's time here, which
+        # a loaded machine stretches (at load 10 on 2 cores a batch took longer than a fixed 1.5 s).
+        slowest = 0.0
+        with httpx.Client(timeout=60) as client:
+            for _ in range(3):
+                started = time.monotonic()
+                assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=batch).status_code == 200
+                slowest = max(slowest, time.monotonic() - started)
+        hang_after_s = max(1.5, 5 * slowest)
         loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
         for loader in loaders:
             loader.start()
-        supervisor = _supervised_by(triton, probe_timeout_s=0.01, hang_after_s=1.5)
+        supervisor = _supervised_by(triton, probe_timeout_s=0.01, hang_after_s=hang_after_s)
         try:
-            time.sleep(6.0)
+            time.sleep(max(6.0, 3 * hang_after_s))
         finally:
             stop_load.set()
             supervisor.stop()
