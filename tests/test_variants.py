@@ -47,7 +47,7 @@ def test_the_gate_holds_exact_variants_to_atol_and_int8_to_ranking_agreement():
 def test_both_cpu_paths_load_the_fused_model_whose_scores_equal_fp32(prepared_models):
     manifest = json.loads((prepared_models / "gateway/manifest.json").read_text())
     cpu = manifest["cross_encoder"]["cpu"]
-    assert cpu["variant"] == variants.DEFAULT_VARIANT == "fused"
+    assert cpu["variant"] == variants.AUTO_CHOICE == "fused" and "fallback" not in cpu
     # ONNX Runtime's optimizer fused what a BERT encoder has: 6 layers' attention, GELU, skip layer norms.
     assert cpu["fused_ops"]["Attention"] == 6 and cpu["fused_ops"]["SkipLayerNormalization"] == 12
     gate = cpu["gate"]
@@ -107,3 +107,20 @@ def test_every_prepare_option_says_what_it_does_and_its_default(argv, capsys):
     assert len(blocks) >= 12
     for block in blocks:
         assert "(default:" in " ".join(block.split()), block.split()[0]
+
+
+@pytest.mark.parametrize("family", ["roberta", "deberta-v2"])
+def test_auto_serves_fused_where_it_passes_and_fp32_with_the_reason_elsewhere(family, tmp_path_factory, tmp_path):
+    from families import family_checkpoint
+
+    manifest = prepare(str(family_checkpoint(family, tmp_path_factory)), tmp_path / "models", bi_encoder=None, atol=1e-4)
+    cpu = manifest["cross_encoder"]["cpu"]
+    served = (tmp_path / "models/triton-embedded/cross_encoder/1/model.onnx").read_bytes()
+    if family in variants.FUSION_FAMILIES and "fallback" not in cpu:
+        assert cpu["variant"] == "fused" and cpu["gate"]["max_abs_diff"] <= 1e-4
+        assert served == (tmp_path / "models/cpu/cross_encoder/model.fused.onnx").read_bytes()
+    else:
+        assert cpu["variant"] == "fp32" and cpu["fallback"]
+        assert served == (tmp_path / "models/triton/cross_encoder/1/model.onnx").read_bytes()
+    if family == "deberta-v2":
+        assert cpu["fallback"] == "no fusion for family 'deberta'"  # the manifest's family name

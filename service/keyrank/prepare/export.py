@@ -55,7 +55,7 @@ def prepare(
     force: bool = False,
     instruction: str | None = None,
     device: str = "cpu",
-    cpu_variant: str = variants.DEFAULT_VARIANT,
+    cpu_variant: str = variants.AUTO,
     datasets: Path | None = DEFAULT_DATASETS,
 ) -> dict:
     """Export ``model`` (hub id or local checkpoint) and the bi-encoder into ``out``; return the manifest.
@@ -250,10 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="cuda also writes triton-embedded-cuda/ (PyTorch bf16 on the GPU); serve it with KEYRANK_EMBEDDED_DEVICE=cuda.")
     parser.add_argument("--instruction", default=None,
                         help="Decoder (yes/no) rerankers: the task instruction in the prompt; unset = Qwen3-Reranker's web-search one.")
-    parser.add_argument("--cpu-variant", choices=variants.VARIANTS, default=variants.DEFAULT_VARIANT,
+    parser.add_argument("--cpu-variant", choices=(variants.AUTO, *variants.VARIANTS), default=variants.AUTO,
                         help="The model of both CPU paths (embedded Triton, Reranker.local), held to the quality gate "
                              "against fp32: fused = ONNX Runtime's transformer fusion (same scores); int8 = dynamic "
-                             "per-channel int8 on it; int8-selective = int8 with the head and output projections kept fp32.")
+                             "per-channel int8 on it; int8-selective = int8 with the head and output projections kept fp32; "
+                             "auto = fused where the family has it and it passes, else fp32 (the reason in the manifest). "
+                             "A variant named here that fails the gate is refused (exit 2).")
     parser.add_argument("--gate-datasets", type=Path, default=DEFAULT_DATASETS,
                         help="Where the quality gate reads its real pairs (DL20, QMSum train); missing = the built-in check pairs.")
     parser.add_argument("--force", action="store_true", help="Re-export even if the outputs are up to date.")
@@ -289,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"cpu model: {cpu['variant']}  Kendall tau {gate['kendall_tau_mean']} (min {gate['kendall_tau_min']}), "
               f"top-1 {gate['top1_agreement']:.0%}, max|diff| {gate['max_abs_diff']:.2e} vs fp32 on {gate['pairs']} pairs")
     else:
-        print(f"cpu model: {cpu['variant']}")
+        print(f"cpu model: {cpu['variant']}" + (f" ({cpu['fallback']})" if cpu.get("fallback") else ""))
     print(f"prepared {args.out} in {time.perf_counter() - started:.1f} s")
     return 0
 

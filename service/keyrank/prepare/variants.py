@@ -20,6 +20,7 @@ serves it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -29,10 +30,15 @@ import numpy as np
 
 from keyrank.errors import KeyrankError
 
+log = logging.getLogger(__name__)
+
 VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective")
 """Every CPU variant `keyrank prepare --cpu-variant` can build, reference first."""
-DEFAULT_VARIANT = "fused"
-"""The CPU default: the fastest variant that passes the gate and loses no nDCG@10 (docs/PERFORMANCE.md)."""
+AUTO = "auto"
+"""The default choice: ``fused`` where the family is fused and it passes the gate, else ``fp32`` with the
+reason in the manifest (``cpu.fallback``). A variant named explicitly is refused instead."""
+AUTO_CHOICE = "fused"
+"""What ``auto`` builds: the fastest variant that passes the gate and loses no nDCG@10 (docs/PERFORMANCE.md, section 7)."""
 EXACT = frozenset({"fp32", "fused"})
 """Variants that compute the same function: held to the export's ``atol`` on every score."""
 FUSION_FAMILIES = frozenset({"bert", "electra", "distilbert", "roberta", "xlm-roberta", "camembert"})
@@ -72,6 +78,15 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     itself); returns its manifest entry and path. ``heads``: the checkpoint's attention heads (0 = let the
     optimizer guess from the graph, which misses the attention fusion of torch exports). Up to date (same variant, export and gate): nothing
     is redone. A refused variant leaves nothing behind and raises ``VariantRefused``."""
+    if variant == AUTO:
+        if ce_entry["family"] not in FUSION_FAMILIES:
+            return {"variant": "fp32", "gate": "reference", "fallback": f"no fusion for family {ce_entry['family']!r}"}, fp32
+        try:
+            return prepare_cpu(out, ce_entry, fp32, gateway, AUTO_CHOICE, datasets, atol, force, heads)
+        except Exception as refused:  # gate refused it or the optimizer failed: fp32 is served, the reason on record
+            log.warning("%s; serving fp32", refused)
+            return {"variant": "fp32", "gate": "reference", "fallback": f"{AUTO_CHOICE}: {refused}",
+                    "refused": getattr(refused, "report", None)}, fp32
     if variant == "fp32":
         return {"variant": "fp32", "gate": "reference"}, fp32
     key = {"variant": variant, "gate_version": GATE_VERSION, "of": ce_entry["fingerprint"], "atol": atol}
