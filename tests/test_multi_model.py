@@ -313,3 +313,30 @@ def test_keyrank_serve_names_a_model_folder_that_was_not_prepared(folders, tmp_p
     assert proc.wait(60) == 1
     said = (tmp_path / "serve.log").read_text()
     assert f"model 'ghost': {ghost}/triton-embedded/cross_encoder/config.pbtxt not found" in said and "Traceback" not in said
+
+
+def test_the_openapi_schema_lists_the_served_names_for_every_model_field(local_gateway):
+    schemas = httpx.get(f"{local_gateway}/openapi.json").json()["components"]["schemas"]
+    for name in ("RerankRequest", "V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest"):
+        field = schemas[name]["properties"]["model"]
+        assert [b["enum"] for b in field.get("anyOf", [field]) if b.get("type") == "string"] == [["base", "tiny"]], name
+    assert schemas["InfinityRerankRequest"]["properties"]["model"]["enum"] == ["base", "tiny", "default/not-specified"]
+
+
+def test_with_one_model_another_name_still_ranks_and_is_named_as_ignored(folders, alone):
+    """Single-model deployments keep the vendor routes' behaviour, on POST /rerank too."""
+    reranker = Reranker.local(folders["base"])
+    try:
+        with serving(create_app(Settings(), reranker=reranker)) as url:
+            served = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+            for route, documents in (("/rerank", "documents"), ("/v1/rerank", "documents"), ("/tei/rerank", "texts")):
+                other = httpx.post(f"{url}{route}", json={"query": QUERY, documents: DOCS, "model": "tiny"}, timeout=60)
+                assert other.status_code == 200 and other.headers["X-Keyrank-Ignored-Fields"] == "model", (route, other.text)
+                same = httpx.post(f"{url}{route}", json={"query": QUERY, documents: DOCS, "model": served}, timeout=60)
+                assert same.status_code == 200 and "X-Keyrank-Ignored-Fields" not in same.headers, route
+            native = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS, "model": "tiny"}, timeout=60).json()
+            assert native["model"] == served
+            _assert_same(_scores(native), _expected(alone["base"]))  # the one model ranked
+            assert "enum" not in str(httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["RerankRequest"]["properties"]["model"])
+    finally:
+        reranker.close()

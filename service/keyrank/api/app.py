@@ -17,6 +17,7 @@ from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
 from keyrank.api.routes.compat import router as compat_routes
 from keyrank.api.routes.dialects import router as dialect_routes
+from keyrank.api.routes import served_names
 from keyrank.api.routes.native import router as native_routes
 from keyrank.config import Settings, get_settings
 from keyrank.reranker import Reranker
@@ -73,11 +74,29 @@ def create_app(
     return app
 
 
+_MODEL_FIELDS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest")
+"""Request schemas with a ``model`` field."""
+
+
+def _openapi_models(schema: dict[str, Any], names: list[str], several: bool) -> None:
+    """With several models served, their names as the enum of each request's ``model`` (Infinity's
+    placeholder included); with one, any name is accepted (another is named as ignored)."""
+    if not several:
+        return
+    for name in _MODEL_FIELDS:
+        field = schema["components"]["schemas"][name]["properties"]["model"]
+        allowed = names + [field["default"]] if isinstance(field.get("default"), str) else names
+        for branch in field.get("anyOf", [field]):
+            if branch.get("type") == "string":
+                branch["enum"] = list(allowed)
+
+
 def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     """FastAPI's schema, plus the configured limits (maxItems/maxLength) and the optional Bearer key."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
         openapi_limits(schema, settings)
+        _openapi_models(schema, served_names(app), several=bool(app.state.rerankers))
         if settings.api_key is not None:
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "KEYRANK_API_KEY"}

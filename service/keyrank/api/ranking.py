@@ -59,15 +59,13 @@ BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
 """Hangul fillers (letters that Unicode marks default-ignorable) and the blank Braille cell."""
 
 
-async def rank(
-    request: Request, query: str, texts: Sequence[str], options: RerankOptions, model: str | None = None, *, strict: bool = True
-) -> Ranking:
+async def rank(request: Request, query: str, texts: Sequence[str], options: RerankOptions, model: str | None = None) -> Ranking:
     """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns
     into answers and counts."""
     settings: Settings = request.app.state.settings
     spec = get_spec(options.strategy or settings.default_strategy)
     request.state.strategy = spec.name
-    reranker = choose_model(request, model, strict=strict)
+    reranker = choose_model(request, model)
     check_limits(query, texts, settings)
     selector = (options.selector or settings.default_selector) if spec.needs_selector else None
     # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
@@ -89,15 +87,15 @@ async def rank(
     return ranking
 
 
-def choose_model(request: Request, name: str | None, *, strict: bool = True) -> Reranker:
+def choose_model(request: Request, name: str | None) -> Reranker:
     """The reranker of the model ``name`` (absent = the default), noted for the request's metrics.
 
     With several models served (KEYRANK_MODELS) an unknown name is a 422 listing the served ones. With one,
-    ``strict`` (POST /rerank) requires its name; the vendor routes (``strict=False``) rank with it whatever
-    their ``model`` says, as they always did, and name the field in X-Keyrank-Ignored-Fields."""
+    every route ranks with it whatever ``model`` says, as the vendor routes always did, and names the field
+    in X-Keyrank-Ignored-Fields when it names another model."""
     rerankers: dict[str, Reranker] | None = request.app.state.rerankers
     served = model_ids(request)
-    if name is not None and name not in served and (rerankers or strict):
+    if name is not None and name not in served and rerankers:
         raise InvalidRequest(f"model: unknown model {name!r}; served models: {', '.join(served)}", field="model")
     chosen = served[0] if name is None or name not in served else name
     request.state.model = chosen

@@ -52,8 +52,9 @@ class RerankRequest(StrictRequest):
     max_tokens_per_doc: Count | None = Field(None, examples=[4096])
     """Read at most this many tokens of each document; cut documents are flagged `truncated`."""
     model: str | None = Field(None, examples=["ce-minilm-l6"])
-    """The served model to rank with, by the name answers report (GET /v1/models lists them); unset = the
-    default (KEYRANK_DEFAULT_MODEL); a name not served = 422 listing the served names."""
+    """With several models served (KEYRANK_MODELS): the one to rank with, by the name answers report (GET
+    /v1/models lists them); unset = the default (KEYRANK_DEFAULT_MODEL); a name not served = 422 listing the
+    served names. With one model served: it ranks, and another name is named in X-Keyrank-Ignored-Fields."""
 
     _query_not_blank = field_validator("query")(non_blank)
 

@@ -34,9 +34,16 @@ def model_id(request: Request) -> str:
 
 def model_ids(request: Request) -> list[str]:
     """Every served model's name, the default first (one, unless KEYRANK_MODELS names several)."""
-    if request.app.state.rerankers:
-        return list(request.app.state.rerankers)
-    return [_public(request.app.state.settings.model_name or request.app.state.reranker.model_name)]
+    return served_names(request.app)
+
+
+def served_names(app: Any) -> list[str]:
+    """``model_ids`` of an app: [] before its one reranker is built (the lifespan builds it)."""
+    if app.state.rerankers:
+        return list(app.state.rerankers)
+    if app.state.reranker is None:
+        return []
+    return [_public(app.state.settings.model_name or app.state.reranker.model_name)]
 
 
 def _public(name: str) -> str:

@@ -61,7 +61,7 @@ _MAX_NAME_CHARS = 64
 async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
     options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
-    ranking = await rank(request, body.query, texts, options, requested_model(body), strict=False)
+    ranking = await rank(request, body.query, texts, options, requested_model(body))
     model = served_model(request, ranking)
     answer = {
         "id": request.state.request_id,
@@ -77,7 +77,7 @@ async def rerank_v1(body: V1RerankRequest, request: Request) -> Response:
 async def rerank_v2(body: CohereRerankRequest, request: Request) -> Response:
     texts = [document_text(d, body.rank_fields, i) for i, d in enumerate(body.documents)]
     options = RerankOptions(top_n=body.top_n, max_tokens_per_doc=body.max_tokens_per_doc, max_windows_per_doc=body.max_chunks_per_doc)
-    ranking = await rank(request, body.query, texts, options, requested_model(body), strict=False)
+    ranking = await rank(request, body.query, texts, options, requested_model(body))
     answer = {
         "id": request.state.request_id,
         "results": _results(ranking, body.documents, body.return_documents, body.return_evidence),

@@ -49,7 +49,7 @@ router = APIRouter(route_class=StrictJsonRoute)
              summary="Hugging Face text-embeddings-inference rerank shape.")
 async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
     try:
-        ranking = await rank(request, body.query, body.texts, RerankOptions(), requested_model(body), strict=False)
+        ranking = await rank(request, body.query, body.texts, RerankOptions(), requested_model(body))
     except InvalidRequest as exc:  # limits and admission name "documents": TEI's callers sent "texts"
         raise _named_texts(exc) from None
     results = []
@@ -86,7 +86,7 @@ async def info_tei(request: Request) -> TeiInfo:
 @router.post("/infinity/rerank", response_model=InfinityRerankResponse, responses=INFINITY_ERRORS,
              tags=["drop-in (Infinity)"], summary="Infinity's rerank shape.")
 async def rerank_infinity(body: InfinityRerankRequest, request: Request) -> Response:
-    ranking = await rank(request, body.query, body.documents, RerankOptions(top_n=body.top_n), requested_model(body), strict=False)
+    ranking = await rank(request, body.query, body.documents, RerankOptions(top_n=body.top_n), requested_model(body))
     results = []
     for r in ranking.results:
         result: dict[str, Any] = {"relevance_score": _score(r, body.raw_scores), "index": r.index}

@@ -12,6 +12,7 @@ from keyrank.api.body import StrictJsonRoute
 from keyrank.api.errors import NATIVE_ERRORS
 from keyrank.api.ranking import rank
 from keyrank.api.routes import served_model, timing_header
+from keyrank.api.routes.compat import IGNORED_HEADER
 from keyrank.reranker import RerankOptions
 from keyrank.schemas import (
     DocumentOut,
@@ -48,7 +49,10 @@ async def rerank(body: RerankRequest, request: Request) -> Response:
     )
     content = answer.model_dump(mode="json", exclude_none=True)
     content["selector"] = ranking.selector  # null for strategies without a selector, but always present
-    return JSONResponse(content, headers=timing_header(ranking))
+    headers = timing_header(ranking)
+    if body.model is not None and body.model != answer.model:  # one model served: it ranked, as on the vendor routes
+        headers[IGNORED_HEADER] = "model"
+    return JSONResponse(content, headers=headers)
 
 
 def _result(ranked: RankedDocument, text: str, doc_id: str | None, body: RerankRequest) -> RerankResult:
