@@ -340,3 +340,8 @@ def test_with_one_model_another_name_still_ranks_and_is_named_as_ignored(folders
             assert "enum" not in str(httpx.get(f"{url}/openapi.json").json()["components"]["schemas"]["RerankRequest"]["properties"]["model"])
     finally:
         reranker.close()
+
+
+def test_the_playground_offers_every_served_model(local_gateway):
+    page = httpx.get(f"{local_gateway}/playground").text
+    assert '"models": ["base", "tiny"]' in page  # its model choice; the page sends `model` when there are several
