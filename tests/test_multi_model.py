@@ -345,3 +345,36 @@ def test_with_one_model_another_name_still_ranks_and_is_named_as_ignored(folders
 def test_the_playground_offers_every_served_model(local_gateway):
     page = httpx.get(f"{local_gateway}/playground").text
     assert '"models": ["base", "tiny"]' in page  # its model choice; the page sends `model` when there are several
+
+
+@pytest.mark.triton
+def test_serve_models_option_reaches_every_uvicorn_worker(folders, alone, tmp_path):
+    """--models on the command line (not the environment) with two uvicorn workers: workers read their settings
+    from the environment, so without `serve` passing the list on they would serve one model and answer its name."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from process_tree import free_port, stop, wait_status
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEYRANK_")}
+    log = tmp_path / "serve.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keyrank.cli", "serve", "--models", models_setting(folders), "--default-model", "tiny",
+             "--workers", "2", "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_status(url, "/readyz", 200, timeout=180)
+        for _ in range(4):  # new connections: both workers answer sooner or later
+            for name in ("base", "tiny"):
+                answer = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS, "model": name}, timeout=120)
+                assert answer.status_code == 200 and answer.json()["model"] == name, answer.text
+                _assert_same(_scores(answer.json()), _expected(alone[name]))
+        assert httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS}, timeout=120).json()["model"] == "tiny"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        stop(proc)
