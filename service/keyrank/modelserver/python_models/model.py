@@ -49,10 +49,16 @@ class TritonPythonModel:
         # model.onnx is the CPU variant `keyrank prepare --cpu-variant` chose and gated (fused by default)
         path = Path(__file__).resolve().parent / "model.onnx"
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # A fused graph may drop an input the model never reads (XLM-R's token_type_ids): Triton's config
+        # keeps the export's inputs for every client, and the session is fed only those it declares.
+        self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
 
     def execute(self, requests: list) -> list:
-        return execute_grouped(requests, self.input_names, self.output_names,
-                               lambda batch, batch_requests: _run_unless_cancelled(self.session, self.output_names, batch, batch_requests))
+        def run(batch: dict, batch_requests: list) -> list:
+            feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
+            return _run_unless_cancelled(self.session, self.output_names, feeds, batch_requests)
+
+        return execute_grouped(requests, self.input_names, self.output_names, run)
 
     def finalize(self) -> None:
         self.session = None
