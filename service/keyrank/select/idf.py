@@ -120,12 +120,19 @@ def write_table(table: dict[str, float], out: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="keyrank idf", description=__doc__.split("\n\n")[0])
+    from keyrank.cli_format import DefaultsHelpFormatter
+
+    p = argparse.ArgumentParser(prog="keyrank idf", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--docs", type=Path, help='JSONL, one {"text": ...} (or {"id": ..., "text": ...}) per line')
-    source.add_argument("--general", action="store_true", help="the general table from wordfreq's English frequencies")
-    p.add_argument("--out", type=Path, default=None, help=f"the table (JSON; gzipped if it ends in .gz); --general: default {GENERAL_TABLE.name} in the package")
-    p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare` whose tokenizer is used (default: settings)")
+    source.add_argument("--docs", type=Path, help='your collection: JSONL, one {"text": ...} (or {"id": ..., "text": ...}) per line '
+                        "(this or --general is required)")
+    source.add_argument("--general", action="store_true",
+                        help="build the general table from wordfreq's English frequencies instead (this or --docs is required)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"the table (JSON; gzipped if it ends in .gz); unset: with --general, {GENERAL_TABLE.name} in the package, "
+                        "else required")
+    p.add_argument("--model-dir", type=Path, default=None,
+                   help="output of `keyrank prepare` whose tokenizer is used; unset = KEYRANK_MODEL_DIR (models)")
     p.add_argument("--block-terms", type=int, default=GENERAL_BLOCK_TERMS, help="--general: terms per modelled block")
     return p
 
