@@ -108,12 +108,6 @@ def _pool_plan(query: str, docs: list[str]):
     return plan.inputs, plan.passages, plan.truncated
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process, all its threads (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def pool_round(executor: ProcessPoolExecutor, query: str, docs: list[str], requests: int) -> tuple[float, float]:
     """(wall, CPU) seconds: the sending process's CPU and the pool processes' (pickling included)."""
     pids = list(executor._processes)  # the pool keeps no public list of its processes
