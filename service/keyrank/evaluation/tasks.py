@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from keyrank.evaluation import farrelevant, qmsum, squad
 from keyrank.evaluation.queries import EvalQuery, subsample
 from keyrank.tokenize import TextTokenizer
+from keyrank.training.judged import TrecFiles, from_trec
 
 TASKS = ("qmsum", "farrel", "farrel-bare", "squad")
 """Every query list the evaluation knows; ``farrel-bare`` is the short-document ceiling of ``farrel``."""
@@ -19,28 +19,8 @@ ALIASES = {"all": TASKS, "farrel": ("farrel", "farrel-bare")}
 """What a --task name on the command line expands to."""
 
 
-@dataclass(frozen=True)
-class TrecFiles:
-    """A user's judged data in TREC form, as `keyrank finetune` reads it (training/judged.py)."""
-
-    qrels: Path
-    """``qid 0 docid grade`` lines."""
-    docs: Path
-    """JSONL ``{"id", "text"}`` documents."""
-    queries: Path
-    """TSV ``qid<TAB>text`` or JSONL ``{"id", "text"}``."""
-    run: Path | None = None
-    """A first-stage run whose top ``depth`` documents join each query's judged ones."""
-    depth: int = 100
-    """Candidates taken from ``run`` per query."""
-    relevant_from: int = 1
-    """The lowest grade that counts as relevant (TREC DL: 2)."""
-
-
 def trec_queries(files: TrecFiles) -> list[EvalQuery]:
     """The files' queries with at least one relevant candidate (the others say nothing about a ranking)."""
-    from keyrank.training.judged import from_trec
-
     judged = from_trec(files.qrels, files.docs, files.queries, run_path=files.run, depth=files.depth,
                        relevant_from=files.relevant_from)
     queries = [q.as_eval_query() for q in judged if q.positives]

@@ -65,6 +65,24 @@ class JudgedQuery:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class TrecFiles:
+    """Judged data as a search engineer has it."""
+
+    qrels: Path
+    """TREC qrels (``qid 0 docid grade``)."""
+    docs: Path
+    """JSONL of ``{"id", "text"}`` documents."""
+    queries: Path
+    """TSV ``qid<TAB>text`` or JSONL ``{"id", "text"}`` queries."""
+    run: Path | None = None
+    """Optional TREC run: its top ``depth`` documents join the judged ones as candidates."""
+    depth: int = 100
+    """Run depth read."""
+    relevant_from: int = 1
+    """Lowest grade that counts as relevant (TREC DL: 2)."""
+
+
 def from_eval(queries: Iterable[EvalQuery], source: str, group_of=None) -> list[JudgedQuery]:
     """Evaluation queries as judged queries; ``group_of(query)`` names its train/dev unit (default: the qid)."""
     out = []

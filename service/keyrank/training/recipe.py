@@ -17,30 +17,12 @@ from pathlib import Path
 from keyrank.tokenize import TextTokenizer
 from keyrank.evaluation.splits import DEV_PERCENT
 from keyrank.training import splits
-from keyrank.training.judged import JudgedQuery, from_trec
+from keyrank.training.judged import JudgedQuery, TrecFiles, from_trec
 
 DEFAULT_DATA_DIR = Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets"))
 """Where the evaluation's task builders read QMSum and DL20."""
 TREC_DEV_SALT = "keyrank/trec-dev/"
 """Salt of the dev carve-out of TREC-file queries (by query id)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TrecFiles:
-    """Judged data as a search engineer has it."""
-
-    qrels: Path
-    """TREC qrels (``qid 0 docid grade``)."""
-    docs: Path
-    """JSONL of ``{"id", "text"}`` documents."""
-    queries: Path
-    """TSV ``qid<TAB>text`` or JSONL ``{"id", "text"}`` queries."""
-    run: Path | None = None
-    """Optional TREC run: its top ``depth`` documents join the judged ones as candidates."""
-    depth: int = 100
-    """Run depth read."""
-    relevant_from: int = 1
-    """Lowest grade that counts as relevant (TREC DL: 2)."""
 
 
 @dataclass(frozen=True, slots=True)
