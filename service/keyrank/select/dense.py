@@ -22,7 +22,7 @@ from tokenizers import Encoding, Tokenizer
 
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
-from keyrank.scoring.local import session_options
+from keyrank.scoring.local import run_options, session_options
 
 from typing import TYPE_CHECKING
 
@@ -135,7 +135,7 @@ class DenseSelector:
             rows = order[start : start + self.batch_size]
             arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
             feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
-            (embedding,) = self._session.run(None, {name: feeds[name] for name in self._inputs})
+            (embedding,) = self._session.run(None, {name: feeds[name] for name in self._inputs}, run_options())
             vectors[rows] = embedding
         return vectors
 
