@@ -17,26 +17,45 @@ from keyrank.config import Settings
 @contextlib.contextmanager
 def live_gateway(settings: Settings) -> Iterator[str]:
     """The gateway's base URL while the block runs; stopped (connections closed) after it."""
+    with serving(create_app(settings), ready_path="/healthz") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(app, ready_path: str = "/healthz") -> Iterator[str]:
+    """``app`` on a real uvicorn, free loopback port, once ``ready_path`` answers 200; its base URL while
+    the block runs."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{ready_path}", timeout=5).status_code == 200:
                 break
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError("gateway did not start")
+            raise RuntimeError(f"gateway did not answer {ready_path}")
         time.sleep(0.05)
     try:
         yield url
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def metric_samples(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of the gateway's /metrics: {(name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -6,18 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from live_gateway import metric_samples
 
 pytestmark = pytest.mark.triton
-
-
-def _samples(url: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def _delta(before: dict, after: dict, name: str, **labels: str) -> float:
@@ -28,12 +19,12 @@ def _delta(before: dict, after: dict, name: str, **labels: str) -> float:
 def test_one_keyb2_request_moves_every_metric_by_what_it_did(gateway_url):
     docs = ["The budget was agreed on Tuesday by the finance committee.", "Cats sleep most of the day.",
             "The remote control design meeting discussed buttons. " * 40]
-    before = _samples(gateway_url)
+    before = metric_samples(gateway_url)
     response = httpx.post(f"{gateway_url}/rerank", timeout=60,
                           json={"query": "when was the budget agreed", "documents": docs, "strategy": "keyb2", "selector": "bm25"})
     assert response.status_code == 200
     body = response.json()
-    after = _samples(gateway_url)
+    after = metric_samples(gateway_url)
 
     assert _delta(before, after, "keyrank_requests_total", endpoint="/rerank", strategy="keyb2", outcome="ok", model=body["model"]) == 1
     for stage in ("tokenize", "segment", "select", "assemble", "infer", "aggregate", "total"):
@@ -50,11 +41,11 @@ def test_one_keyb2_request_moves_every_metric_by_what_it_did(gateway_url):
 
 
 def test_a_strategy_without_a_selector_records_no_select_stage(gateway_url):
-    before = _samples(gateway_url)
+    before = metric_samples(gateway_url)
     response = httpx.post(f"{gateway_url}/rerank", timeout=60,
                           json={"query": "cats", "documents": ["Cats sleep most of the day."], "strategy": "firstp"})
     assert response.status_code == 200
-    after = _samples(gateway_url)
+    after = metric_samples(gateway_url)
     assert _delta(before, after, "keyrank_stage_seconds_count", stage="infer") == 1
     assert _delta(before, after, "keyrank_stage_seconds_count", stage="select") == 0
     assert "select" not in response.json()["timings_ms"] or response.json()["timings_ms"]["select"] is None

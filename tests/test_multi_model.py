@@ -7,20 +7,15 @@ mixed models (one scorer, one document cache) would answer one model's scores fo
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from keyrank.api import create_app
 from keyrank.config import Settings
 from keyrank.reranker import Reranker
-from prometheus_client.parser import text_string_to_metric_families
+from live_gateway import metric_samples, serving
 from toy_judged import tiny_bert, toy_trec
 
 QUERY = "when was the budget agreed"
@@ -66,40 +61,13 @@ def models_setting(folders: dict[str, Path]) -> str:
     return ",".join(f"{name}={folder}" for name, folder in folders.items())
 
 
-@contextlib.contextmanager
-def serving(app) -> Iterator[str]:
-    """``app`` on a real uvicorn, free loopback port; its base URL while the block runs."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("gateway did not become ready")
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
-
-
 @pytest.fixture(scope="module")
 def local_gateway(folders) -> Iterator[str]:
     """A gateway serving both models, each scored in-process (ONNX Runtime): the routing alone."""
     settings = Settings(models=models_setting(folders))
     rerankers = {name: Reranker.local(folder, model_name=name) for name, folder in folders.items()}
     try:
-        with serving(create_app(settings, rerankers=rerankers)) as url:
+        with serving(create_app(settings, rerankers=rerankers), ready_path="/readyz") as url:
             yield url
     finally:
         for reranker in rerankers.values():
@@ -117,15 +85,6 @@ def _expected(reranker: Reranker) -> list[tuple[int, float]]:
 def _assert_same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
     assert [i for i, _ in got] == [i for i, _ in want]
     assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-4)
-
-
-def _samples(url: str) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 # --- settings ------------------------------------------------------------------------------------
@@ -233,10 +192,10 @@ def test_discovery_lists_every_served_model_default_first(local_gateway):
 
 
 def test_requests_are_counted_with_their_model(local_gateway):
-    before = _samples(local_gateway)
+    before = metric_samples(local_gateway)
     httpx.post(f"{local_gateway}/rerank", json={"query": QUERY, "documents": DOCS, "model": "tiny"}, timeout=60)
     httpx.post(f"{local_gateway}/v2/rerank", json={"query": QUERY, "documents": DOCS, "model": "nope"}, timeout=60)
-    after = _samples(local_gateway)
+    after = metric_samples(local_gateway)
 
     def delta(**labels: str) -> float:
         key = ("keyrank_requests_total", tuple(sorted(labels.items())))
@@ -327,7 +286,7 @@ def test_with_one_model_another_name_still_ranks_and_is_named_as_ignored(folders
     """Single-model deployments keep the vendor routes' behaviour, on POST /rerank too."""
     reranker = Reranker.local(folders["base"])
     try:
-        with serving(create_app(Settings(), reranker=reranker)) as url:
+        with serving(create_app(Settings(), reranker=reranker), ready_path="/readyz") as url:
             served = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
             for route, documents in (("/rerank", "documents"), ("/v1/rerank", "documents"), ("/tei/rerank", "texts")):
                 other = httpx.post(f"{url}{route}", json={"query": QUERY, documents: DOCS, "model": "tiny"}, timeout=60)
