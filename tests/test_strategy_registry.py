@@ -132,6 +132,39 @@ def test_keyb2_reads_the_selected_blocks_in_one_sequence(counting):
     assert any(doc[e.start : e.end].startswith(MARKER) for e in evidence)
 
 
+def _counting_with(counting, **overrides) -> Reranker:
+    """The counting reranker under other settings (same marker scorer and head)."""
+    other = Reranker(counting.settings.with_overrides(**overrides), scorer=MarkerCounter(counting.scorer.marker_id))
+    other.head = counting.head
+    return other
+
+
+def test_keyb2_in_two_passes_scores_the_best_pass_with_its_evidence(counting):
+    # Pass one reads the query's sentences (BM25's best); the markers sit in the next best, which
+    # only a second pass reads.
+    doc = " ".join(["cats sleep all day long in warm sun."] * 8 + ["where is the mill by the river?"] * 6
+                   + [f"{MARKER} {MARKER} {MARKER} the mill wheel turns."] + ["dogs bark at night near the gate."] * 3)
+    one = _counting_with(counting, keyb2_min_score_share=None)
+    score_one, lengths_one = _score(one, "keyb2", doc)
+    assert len(lengths_one) == 1 and score_one == 0
+    two = _counting_with(counting, keyb2_min_score_share=None, keyb2_passes=2)
+    score_two, lengths_two = _score(two, "keyb2", doc)
+    assert len(lengths_two) == 2 and _marker_counts(two) == [0, 3] and score_two == 3
+    evidence = two.rank("where is the mill", [doc], strategy="keyb2", selector="bm25").results[0].evidence
+    assert any(doc[e.start : e.end].startswith(MARKER) for e in evidence)  # the best pass argues for the score
+    short = "where is the mill?"  # one block: nothing is left for a second pass, which is not scored
+    assert len(_score(two, "keyb2", short)[1]) == 1
+
+
+def test_keyb2_fused_with_the_selector_ranks_equal_model_scores_by_block_evidence(counting):
+    on_topic, off_topic = "where is the mill? the mill is by the river.", "cats sleep all day long in warm sun."
+    plain = counting.rank("where is the mill", [off_topic, on_topic], strategy="keyb2", selector="bm25")
+    assert [r.score for r in plain.results] == [0.0, 0.0] and plain.results[0].index == 0  # a tie, kept in order
+    fused = _counting_with(counting, keyb2_fusion_weight=1.0).rank(
+        "where is the mill", [off_topic, on_topic], strategy="keyb2", selector="bm25")
+    assert [(r.index, r.score) for r in fused.results] == [(1, 1.0), (0, -1.0)]  # model 0 + z of the best block
+
+
 PINNED = {
     "firstp": ("prefix", "single"),
     "maxp": ("sliding", "max"),

@@ -6,6 +6,8 @@ element-wise max / mean of the windows' pooled [CLS] vectors, put through the
 cross-encoder's own classification head; ``trained``: a learned aggregator over the
 pooled vectors (PARADE-Attn / PARADE-Transformer, aggregators.py). Vectorised with ``reduceat`` over the
 sequences, which come grouped by document.
+
+``fused_with_selector``: keyb2's folded scores plus the selector's own evidence (issue 19), a setting.
 """
 
 from __future__ import annotations
@@ -86,3 +88,22 @@ def aggregate(
             folded = np.add.reduceat(pooled, firsts, axis=0) / counts[:, None]
         scores = head(folded)
     return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=best)
+
+
+def fused_with_selector(scores: np.ndarray, block_scores: list[np.ndarray], weight: float) -> np.ndarray:
+    """``scores`` + ``weight`` x each document's best block score, z-normalised over the documents.
+
+    The selector saw every block; the model only the chosen ones. A document without a block (or
+    with none scored) gets the mean (z = 0); equal best scores all get 0. The z-scores come from the
+    request's documents, so with ``weight`` > 0 a document's score depends on the other candidates.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    if weight == 0.0 or len(block_scores) < 2:
+        return scores
+    best = np.array([float(np.max(b)) if len(b) else np.nan for b in block_scores], dtype=np.float64)
+    best[~np.isfinite(best)] = np.nan
+    if np.all(np.isnan(best)):
+        return scores
+    spread = float(np.nanstd(best))
+    z = np.zeros_like(best) if spread == 0.0 else (best - np.nanmean(best)) / spread
+    return scores + weight * np.nan_to_num(z, nan=0.0)

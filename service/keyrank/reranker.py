@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from keyrank import metrics
-from keyrank.aggregate import ClassifierHead, aggregate
+from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, StageTimer
@@ -174,6 +174,9 @@ class Reranker:
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
+            if spec.needs_selector and self.settings.keyb2_fusion_weight:
+                fused = fused_with_selector(folded.scores, plan.block_scores, self.settings.keyb2_fusion_weight)
+                folded = Aggregated(fused, folded.best)
             coverage = plan.coverage
             truncated = [read < total for read, total in coverage]
             results = [

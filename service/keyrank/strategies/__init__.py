@@ -61,8 +61,9 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("parade-transformer", "sliding", "trained", needs_pooled=True,
                      trained_parts=("parade-transformer.onnx",),
                      summary="sliding windows; trained transformer over pooled vectors (PARADE-Transformer)"),
-        StrategySpec("keyb2", "blocks", "single", needs_selector=True,
-                     summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence"),
+        StrategySpec("keyb2", "blocks", "max", needs_selector=True,
+                     summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
+                             "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),
     )
 }
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)

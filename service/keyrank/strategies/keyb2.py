@@ -16,12 +16,16 @@ measured by scripts/selection_ablation.py (docs/SELECTION.md):
 
 The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
 480 tokens, or all that fits next to the query (KeyB's 512 - 3 - q rule).
+
+``keyb2_passes`` (issue 19) reads a document in up to 3 model inputs: the
+next-best blocks fill each further one, and the document scores as its best
+pass (``aggregate``'s ``max``; with one pass that is its only score).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
@@ -105,13 +109,37 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     share = settings.keyb2_min_score_share
     if share is not None and selector in SHARE_SELECTORS:
         block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
-    passages = [choose_blocks(i, pieces[i], block_scores[i], budget, docs[i].ids, rules) for i in range(len(docs))]
+    passages = [p for i in range(len(docs))
+                for p in reading_passes(i, pieces[i], block_scores[i], budget, docs[i].ids, rules, settings.keyb2_passes)]
     order = settings.keyb2_block_order
     if order == "score":
         return [in_score_order(p, block_scores[p.doc]) for p in passages]
     if order != "document":
         raise ValueError(f"unknown keyb2 block order {order!r}; expected one of {', '.join(BLOCK_ORDERS)}")
     return passages
+
+
+def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids: np.ndarray | None,
+                   rules: SelectionRules, passes: int) -> list[Passage]:
+    """Up to ``passes`` passages of one document, each a ``choose_blocks`` over the blocks no earlier
+    pass chose: the best blocks fill the first, the next best the second. The first is always there
+    (empty for a document without blocks); a later one only while a scored block is left. A block the
+    budget cut in one pass is not read again in the next. ``keep_lead`` applies to the first pass."""
+    if passes < 1:
+        raise ValueError(f"keyb2 reads a document in 1 to 3 passes, got {passes}")
+    first = choose_blocks(doc, blocks, scores, budget, ids, rules)
+    out = [first]
+    if passes == 1:
+        return out
+    left = np.array(scores, dtype=np.float64, copy=True)
+    later = replace(rules, keep_lead=False)
+    for _ in range(passes - 1):
+        left[out[-1].pieces] = -np.inf
+        if not np.isfinite(left).any():
+            break
+        read = np.concatenate([p.pieces for p in out])
+        out.append(choose_blocks(doc, blocks, left, budget, ids, later, excluded=read))
+    return out
 
 
 def below_share_dropped(scores: np.ndarray, share: float) -> np.ndarray:
@@ -156,10 +184,12 @@ def choose_blocks(
     budget: int,
     ids: np.ndarray | None = None,
     rules: SelectionRules = SelectionRules(),
+    excluded: np.ndarray | None = None,
 ) -> Passage:
     """``select_blocks`` under ``rules``: never over ``budget``, blocks back in document order.
 
-    ``ids`` (the document's token ids) are needed for near-duplicate suppression only.
+    ``ids`` (the document's token ids) are needed for near-duplicate suppression only;
+    ``excluded``: blocks never taken, not even as a neighbour or the lead (an earlier pass read them).
     """
     if rules.plain:
         return select_blocks(doc, blocks, scores, budget)
@@ -168,7 +198,7 @@ def choose_blocks(
     if rules.dedup_jaccard is not None and ids is None:
         raise ValueError("near-duplicate suppression needs the document's token ids")
     duplicates = None if rules.dedup_jaccard is None else ChosenSets(ids, blocks, rules.dedup_jaccard)
-    reader = _Reader(blocks, budget, duplicates)
+    reader = _Reader(blocks, budget, duplicates, excluded)
     scores = np.asarray(scores)
     order = np.argsort(-scores, kind="stable")
     order = order[np.isfinite(scores[order])]  # -inf: dropped (below_share_dropped)
@@ -204,12 +234,13 @@ class _Taken(Enum):
 class _Reader:
     """The blocks chosen so far and the budget they leave."""
 
-    def __init__(self, blocks: Spans, budget: int, duplicates: ChosenSets | None):
+    def __init__(self, blocks: Spans, budget: int, duplicates: ChosenSets | None, excluded: np.ndarray | None = None):
         self.blocks = blocks
         self.budget = budget
         self.used = 0
         self.lengths: dict[int, int] = {}
         self.duplicates = duplicates
+        self.excluded = frozenset(() if excluded is None else excluded.tolist())
 
     @property
     def full(self) -> bool:
@@ -217,7 +248,7 @@ class _Reader:
 
     def take(self, block: int, *, cut: bool, room: int | None = None) -> _Taken:
         """Choose ``block`` if it fits in ``room`` (default: the budget); ``cut`` keeps the head of one that does not."""
-        if block in self.lengths:
+        if block in self.lengths or block in self.excluded:
             return _Taken.ALREADY
         left = (self.budget if room is None else min(room, self.budget)) - self.used
         length = int(self.blocks.lengths[block])
