@@ -22,6 +22,7 @@ from pathlib import Path
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import SELECTORS, STRATEGIES, Settings
 from keyrank.evaluation import farrelevant, plots, qmsum, report, tasks
+from keyrank.training.judged import add_trec_arguments, trec_files
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import run_task, systems
 from keyrank.tokenize import TextTokenizer
@@ -66,12 +67,7 @@ def parser() -> argparse.ArgumentParser:
                    help="far-relevant filler: other queries' non-relevant passages, or the query's own (hard variant)")
     p.add_argument("--dl20-topics", choices=("held-back", "train", "all"), default="held-back",
                    help="far-relevant topics: the ones finetune never trains on (reported), its training ones, or all")
-    p.add_argument("--qrels", type=Path, default=None, help="trec task: your qrels, 'qid 0 docid grade' lines")
-    p.add_argument("--docs", type=Path, default=None, help='trec task: JSONL documents {"id", "text"}')
-    p.add_argument("--queries", type=Path, default=None, help="trec task: TSV 'qid<TAB>text' or JSONL {\"id\", \"text\"}")
-    p.add_argument("--run", type=Path, default=None, help="trec task: a first-stage TREC run whose top --depth documents join the judged ones")
-    p.add_argument("--depth", type=int, default=100, help="trec task: candidates taken from --run per query")
-    p.add_argument("--relevant-from", type=int, default=1, help="trec task: the lowest grade that counts as relevant (TREC DL: 2)")
+    add_trec_arguments(p, lead="trec task: ")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -134,11 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"{tokenizer_path} not found: run `keyrank prepare` first (or pass --model-dir)")
     tokenizer = TextTokenizer.from_file(tokenizer_path)
     offsets = tuple(int(o) for o in args.offsets.split(","))
-    trec = None
-    if "trec" in task_names:
-        if not (args.qrels and args.docs and args.queries):
-            raise SystemExit("keyrank eval --task trec reads your files: give --qrels, --docs and --queries")
-        trec = tasks.TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from)
+    trec = trec_files(args, "keyrank eval --task trec") if "trec" in task_names else None
+    if "trec" in task_names and trec is None:
+        raise SystemExit("keyrank eval --task trec reads your TREC files: give --qrels, --docs and --queries together")
 
     started = time.perf_counter()
     try:

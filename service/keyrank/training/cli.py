@@ -21,7 +21,8 @@ from pathlib import Path
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.training.losses import LOSSES
 from keyrank.training.planned import TRAINABLE
-from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig, TrecFiles
+from keyrank.training.judged import add_trec_arguments, trec_files
+from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig
 from keyrank.training.splits import TASKS
 
 
@@ -46,12 +47,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--farrel-seeds", type=_ints, default=d.farrel_seeds, help="far-relevant constructions per topic, e.g. 0,1,2")
     data.add_argument("--farrel-offsets", type=_ints, default=d.farrel_offsets,
                       help="token offsets of the relevant insert in far-relevant documents, e.g. 0,512,1024")
-    data.add_argument("--qrels", type=Path, help="TREC qrels (qid 0 docid grade); with --docs and --queries")
-    data.add_argument("--docs", type=Path, help='JSONL {"id", "text"} documents; with --qrels and --queries')
-    data.add_argument("--queries", type=Path, help="TSV qid<TAB>text or JSONL {id, text}; with --qrels and --docs")
-    data.add_argument("--run", type=Path, help="optional TREC run: its top --depth join the candidates")
-    data.add_argument("--depth", type=int, default=100, help="documents of --run read per query")
-    data.add_argument("--relevant-from", type=int, default=1, help="lowest relevant grade (TREC DL: 2)")
+    add_trec_arguments(data)
     data.add_argument("--max-queries", type=int, default=None, help="seeded subset of the training queries; None = all")
     train = p.add_argument_group("training")
     train.add_argument("--loss", choices=LOSSES, default=d.loss, help="listwise: softmax CE over a group; hinge: KeyB's pairwise")
@@ -86,11 +82,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> FinetuneConfig:
-    trec = None
-    if args.qrels or args.docs or args.queries:
-        if not (args.qrels and args.docs and args.queries):
-            raise SystemExit("TREC data needs --qrels, --docs and --queries together")
-        trec = TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from)
+    trec = trec_files(args, "keyrank finetune")
     settings = {}
     for item in args.set:
         name, sep, value = item.partition("=")

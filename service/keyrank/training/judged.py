@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from keyrank.evaluation.queries import EvalQuery
 
@@ -81,6 +82,30 @@ class TrecFiles:
     """Run depth read."""
     relevant_from: int = 1
     """Lowest grade that counts as relevant (TREC DL: 2)."""
+
+
+def add_trec_arguments(parser: Any, *, required: bool = False, lead: str = "") -> None:
+    """``--qrels --docs --queries --run --depth --relevant-from`` on ``parser`` (or an argument group):
+    one wording for ``keyrank finetune``, ``eval --task trec`` and ``tune``; ``lead`` starts each help."""
+    parser.add_argument("--qrels", type=Path, required=required, default=None, help=f"{lead}TREC qrels, 'qid 0 docid grade' lines")
+    parser.add_argument("--docs", type=Path, required=required, default=None,
+                        help=f'{lead}JSONL documents {{"id", "text"}} (title prepended when present)')
+    parser.add_argument("--queries", type=Path, required=required, default=None,
+                        help=f"{lead}queries: TSV 'qid<TAB>text' or JSONL {{\"id\", \"text\"}}")
+    parser.add_argument("--run", type=Path, default=None, help=f"{lead}a first-stage TREC run: its top --depth documents join each query's judged ones")
+    parser.add_argument("--depth", type=int, default=100, help=f"{lead}candidates taken from --run per query")
+    parser.add_argument("--relevant-from", type=int, default=1, help=f"{lead}the lowest grade that counts as relevant (TREC DL: 2)")
+
+
+def trec_files(args: Any, command: str) -> TrecFiles | None:
+    """The ``TrecFiles`` named by ``add_trec_arguments``' options; None when none of the three files is
+    given; ``SystemExit`` naming ``command`` when only some are."""
+    given = (args.qrels, args.docs, args.queries)
+    if not any(given):
+        return None
+    if not all(given):
+        raise SystemExit(f"{command} reads your TREC files: give --qrels, --docs and --queries together")
+    return TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from)
 
 
 def from_eval(queries: Iterable[EvalQuery], source: str, group_of=None) -> list[JudgedQuery]:
