@@ -27,6 +27,7 @@ from pathlib import Path
 
 from keyrank.config import SELECTORS, STRATEGIES, Settings
 from keyrank.evaluation import tasks
+from keyrank.training.judged import add_trec_arguments, trec_files
 from keyrank.evaluation.compare import paired_difference
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.queries import EvalQuery
@@ -35,9 +36,10 @@ from keyrank.evaluation.runner import System, run_system
 from keyrank.strategies import REGISTRY
 
 MEASURE = "nDCG@10"
-KEYB2_VARIANTS = ("", "keyb2_min_score_share=0", "keyb2_budget=fill")
+KEYB2_VARIANTS = ("", "keyb2_min_score_share=0", "keyb2_budget=fill", "keyb2_passes=2")
 """keyb2 settings tried by default beside the defaults: the papers' full budget (no adaptive share),
-and every token that fits next to the query. More with ``--keyb2``."""
+every token that fits next to the query, and a second reading of the next-best blocks. More with
+``--keyb2``."""
 
 
 @dataclass(frozen=True)
@@ -156,12 +158,7 @@ def parser() -> argparse.ArgumentParser:
 
     runnable = [s for s in STRATEGIES if not REGISTRY[s].trained_parts]
     p = argparse.ArgumentParser(prog="keyrank tune", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--qrels", type=Path, required=True, help="TREC qrels of your dev queries: 'qid 0 docid grade' lines")
-    p.add_argument("--docs", type=Path, required=True, help='JSONL documents: {"id", "text"} (title prepended when present)')
-    p.add_argument("--queries", type=Path, required=True, help="queries: TSV 'qid<TAB>text' or JSONL {\"id\", \"text\"}")
-    p.add_argument("--run", type=Path, default=None, help="a first-stage TREC run: its top --depth documents join each query's judged ones")
-    p.add_argument("--depth", type=int, default=100, help="candidates taken from --run per query")
-    p.add_argument("--relevant-from", type=int, default=1, help="the lowest grade that counts as relevant (TREC DL: 2)")
+    add_trec_arguments(p, required=True)
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare`; unset = KEYRANK_MODEL_DIR (models)")
     p.add_argument("--strategies", nargs="+", default=runnable, choices=STRATEGIES, help="strategies to try")
     p.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS, help="keyb2 selectors to try")
@@ -182,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (settings.gateway_dir / "tokenizer.json").exists():
         raise SystemExit(f"{settings.gateway_dir / 'tokenizer.json'} not found: run `keyrank prepare` first (or pass --model-dir)")
     try:
-        queries = tasks.trec_queries(tasks.TrecFiles(args.qrels, args.docs, args.queries, args.run, args.depth, args.relevant_from))
+        queries = tasks.trec_queries(trec_files(args, "keyrank tune"))
     except ValueError as exc:
         raise SystemExit(f"keyrank tune: {exc}") from None
     systems_ = candidates(args.strategies, args.selectors, args.keyb2 or [""])
