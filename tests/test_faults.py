@@ -212,20 +212,23 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     assert "pid 20" in supervisor._check_stubs(1)
 
 
-@pytest.mark.slow
-def test_the_model_process_gives_its_memory_back_after_a_burst_of_maxp_requests(embedded_triton, reranker):
-    # The arena kept every burst's peak: 2.37 GB resident, never shrinking (docs/RELIABILITY.md: 400 MB).
+def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_maxp_requests(embedded_triton, reranker):
+    # The arena kept every burst's peak: 2.37 GB resident, never shrinking; then, shrunk after each run,
+    # the peak still grew with what the batcher merged (806 MB). Runs of at most RUN_TOKENS tokens bound
+    # it (docs/RELIABILITY.md: peak under 600 MB, 400 MB kept; scripts/stub_memory.py measures both).
     import random
     from concurrent.futures import ThreadPoolExecutor
 
-    def rss_mb(pid: int) -> float:
-        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS"))
+    def status_mb(pid: int, key: str) -> float:
+        line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(key))
         return int(line.split()[1]) / 1024
 
     words = "the committee met again to discuss the budget and the roads while the mayor chaired".split()
     rng = random.Random(0)
-    bursts = [[" ".join(rng.choice(words) for _ in range(rng.randint(200, 1200))) for _ in range(2)] for _ in range(30)]
+    bursts = [[" ".join(rng.choice(words) for _ in range(rng.randint(200, 1200))) for _ in range(2)] for _ in range(12)]
     (stub,) = stubs_of(embedded_triton.pid)
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda docs: reranker.rank("who chaired the budget meeting", docs, strategy="maxp"), bursts))
-    assert rss_mb(stub) < 400
+    peak, kept = status_mb(stub, "VmHWM"), status_mb(stub, "VmRSS")
+    print(f"stub after a maxp burst: peak {peak:.0f} MB, kept {kept:.0f} MB")
+    assert peak < 600 and kept < 400

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # grouping.py lies beside this file
@@ -23,6 +24,12 @@ from grouping import execute_grouped
 
 THREADS_ENV = "KEYRANK_EMBEDDED_ORT_THREADS"
 """Overrides the config's ``intra_op_thread_count`` parameter."""
+RUN_TOKENS_ENV = "KEYRANK_EMBEDDED_RUN_TOKENS"
+"""Overrides ``RUN_TOKENS``; 0 = one run per batch, however big."""
+RUN_TOKENS = 4096
+"""Tokens (rows x width) of one ONNX Runtime run: a bigger batch runs in slices of at most this many
+(8 x 512, 32 x 128), so the stub's peak memory does not grow with what the dynamic batcher merged
+(docs/RELIABILITY.md, "Memory of the model process")."""
 
 
 class TritonPythonModel:
@@ -52,11 +59,12 @@ class TritonPythonModel:
         # A fused graph may drop an input the model never reads (XLM-R's token_type_ids): Triton's config
         # keeps the export's inputs for every client, and the session is fed only those it declares.
         self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
+        self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or RUN_TOKENS)
 
     def execute(self, requests: list) -> list:
         def run(batch: dict, batch_requests: list) -> list:
             feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
-            return _run_unless_cancelled(self.session, self.output_names, feeds, batch_requests)
+            return _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens)
 
         return execute_grouped(requests, self.input_names, self.output_names, run)
 
@@ -69,6 +77,17 @@ _CANCEL_POLL_S = 0.05
 _FROZEN_S = 0.5
 """A poll that comes this late means the stub was frozen (SIGSTOP): Triton may have failed and freed
 its requests meanwhile ("Stub process ... is not healthy")."""
+
+
+def _run_in_slices(session, output_names: list, batch: dict, requests: list, run_tokens: int) -> list:
+    """``_run_unless_cancelled`` over row slices of at most ``run_tokens`` tokens each, outputs joined."""
+    rows, width = next(iter(batch.values())).shape
+    step = rows if run_tokens <= 0 else max(1, run_tokens // max(1, width))
+    if rows <= step:
+        return _run_unless_cancelled(session, output_names, batch, requests)
+    parts = [_run_unless_cancelled(session, output_names, {k: v[i : i + step] for k, v in batch.items()}, requests)
+             for i in range(0, rows, step)]
+    return [np.concatenate([part[j] for part in parts]) for j in range(len(output_names))]
 
 
 def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list) -> list:
