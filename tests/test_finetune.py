@@ -199,6 +199,28 @@ def test_distillation_reads_the_base_models_served_maxp_scores_cached_once(toy):
     assert cache.stat().st_mtime_ns == before
 
 
+def test_any_prepared_model_with_any_strategy_can_teach(toy):
+    from keyrank.prepare.export import prepare
+    from keyrank.reranker import Reranker
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+
+    teacher = toy["root"] / "teacher"
+    prepare(str(toy["model"]), teacher)
+    result = finetune(model=str(toy["model"]), out=toy["root"] / "taught", strategy="keyb2", selector="bm25",
+                      trec=TrecFiles(*toy["trec"]), max_queries=3, distill=1.0, teacher=teacher,
+                      teacher_strategy="parade-avg", epochs=1, progress=False, threads=2, dev_max_queries=1)
+    assert result.finished and np.isfinite(result.history[0]["loss"])
+    (cache,) = (result.out / "cache").glob("teacher-parade-avg-*.jsonl")
+    assert not list((result.out / "cache").glob("teacher-maxp-*"))
+    judged = {q.qid: q for q in from_trec(*toy["trec"])}
+    with Reranker.local(teacher) as served:
+        for row in map(json.loads, cache.read_text().splitlines()):
+            q = judged[row["qid"]]
+            expected = {q.doc_ids[r.index]: r.score for r in served.rank(q.query, list(q.texts), strategy="parade-avg").results}
+            assert row["scores"] == pytest.approx(expected, abs=1e-5)
+
+
 def test_eval_train_dev_split_is_exactly_the_meetings_finetune_keeps_for_dev():
     from keyrank.evaluation import qmsum
     from keyrank.training import splits

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.training.losses import LOSSES
+from keyrank.strategies import STRATEGIES
 from keyrank.training.planned import TRAINABLE
 from keyrank.training.judged import add_trec_arguments, trec_files
 from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig
@@ -53,7 +54,11 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--loss", choices=LOSSES, default=d.loss, help="listwise: softmax CE over a group; hinge: KeyB's pairwise")
     train.add_argument("--margin", type=float, default=d.margin, help="hinge margin")
     train.add_argument("--negatives", type=int, default=d.negatives, help="non-relevant documents sampled per group")
-    train.add_argument("--distill", type=float, default=d.distill, help="weight of distillation from the base model's MaxP scores (0 = off)")
+    train.add_argument("--distill", type=float, default=d.distill, help="weight of distillation from the teacher's scores (0 = off)")
+    train.add_argument("--teacher", type=Path, default=d.teacher,
+                       help="a prepared model folder (keyrank prepare --out) whose scores teach; unset = the base model")
+    train.add_argument("--teacher-strategy", choices=STRATEGIES, default=d.teacher_strategy,
+                       help="how the teacher reads each candidate (the student reads what --strategy reads)")
     train.add_argument("--temperature", type=float, default=d.temperature, help="softmax temperature of the distillation term")
     train.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training queries")
     train.add_argument("--max-groups", type=int, default=d.max_groups, help="groups per epoch at most; None = every trainable query once")
@@ -96,6 +101,7 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         model=args.model, out=args.out, strategy=args.strategy, selector=args.selector, tasks=tuple(args.task), trec=trec,
         data_dir=args.data_dir, farrel_seeds=args.farrel_seeds, farrel_offsets=args.farrel_offsets, max_queries=args.max_queries,
         loss=args.loss, margin=args.margin, negatives=args.negatives, distill=args.distill, temperature=args.temperature,
+        teacher=args.teacher, teacher_strategy=args.teacher_strategy,
         epochs=args.epochs, max_groups=args.max_groups, groups_per_step=args.groups_per_step,
         sequences_per_forward=args.sequences_per_forward, lr=args.lr, aggregator_lr=args.aggregator_lr, warmup=args.warmup,
         cache_dir=args.cache_dir, attention_dropout=None if args.attention_dropout < 0 else args.attention_dropout,

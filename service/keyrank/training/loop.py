@@ -95,10 +95,21 @@ class _Run:
             self._reranker = Reranker.local(settings=self.settings, threads=self.config.threads or 0)
         return self._reranker
 
-    def cache_path(self, what: str) -> Path:
+    def teacher_reranker(self):
+        """The teacher served in-process, and its model's fingerprint: the base model, or ``config.teacher``."""
+        if self.config.teacher is None:
+            return self.reranker(), self.manifest["cross_encoder"]["fingerprint"]
+        from keyrank.reranker import Reranker
+
+        settings = self.settings.with_overrides(model_dir=Path(self.config.teacher))
+        teacher = Reranker.local(settings=settings, threads=self.config.threads or 0)
+        return teacher, teacher.pipeline.manifest["cross_encoder"]["fingerprint"]
+
+    def cache_path(self, what: str, fingerprint: str | None = None) -> Path:
+        """``<cache>/<what>-<fingerprint (default: the base model's)>-<settings hash>``."""
         shaping = self.settings.model_dump(exclude={"model_dir", "api_key"})
         folder = Path(self.config.cache_dir) if self.config.cache_dir else self.out / "cache"
-        return folder / cache_key(self.manifest["cross_encoder"]["fingerprint"], shaping, what)
+        return folder / cache_key(fingerprint or self.manifest["cross_encoder"]["fingerprint"], shaping, what)
 
     def build_modules(self) -> None:
         from keyrank.pipeline import RerankOptions
@@ -254,8 +265,11 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
 
     started = time.perf_counter()
     if c.distill > 0:
-        run.teacher = TeacherScores(run.cache_path("teacher-maxp").with_suffix(".jsonl"))
-        run.teacher.fill(run.reranker(), [q.judged for q in train], progress=c.progress)
+        teacher, fingerprint = run.teacher_reranker()
+        run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}", fingerprint).with_suffix(".jsonl"))
+        run.teacher.fill(teacher, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress)
+        if teacher is not run.reranker():
+            teacher.close()
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
         run.pooled = PooledVectors(run.cache_path(f"pooled-{planning_strategy(c.strategy)}"))

@@ -56,9 +56,15 @@ class FinetuneConfig:
     negatives: int = 3
     """Non-relevant documents sampled per group (fewer when the query has fewer)."""
     distill: float = 0.0
-    """Weight of distillation from the base model's MaxP scores (0 = off)."""
+    """Weight of distillation from the teacher's scores over a group's documents (0 = off)."""
     temperature: float = 1.0
     """Softmax temperature of the distillation term."""
+    teacher: Path | None = None
+    """Folder of a prepared model (``keyrank prepare --out``; a fine-tuned one, say) whose scores teach;
+    None = the base model being trained."""
+    teacher_strategy: str = "maxp"
+    """How the teacher reads each candidate: any strategy (it may read the whole document, windows or
+    PARADE, while the student reads what ``strategy`` reads)."""
     epochs: int = 1
     """Passes over the training queries (one group per query per epoch)."""
     max_groups: int | None = None
