@@ -42,7 +42,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
-                      help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics")
+                      help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics; "
+                           "squad-far: SQuAD contexts inserted deep into other articles (the train half of the articles)")
     data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                       help="folder of qmsum/ and trec-dl20-passage/ for --task (KEYRANK_EVAL_DATA_DIR)")
     data.add_argument("--farrel-seeds", type=_ints, default=d.farrel_seeds, help="far-relevant constructions per topic, e.g. 0,1,2")

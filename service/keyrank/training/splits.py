@@ -6,6 +6,9 @@
 - DL20 far-relevant: the 54 topics are split by a hash of the query id
   (``dl20_held_back``): 27 of the 52 usable topics are held back (reported, never
   trained on), the other 25 build far-relevant training documents.
+- SQuAD far-relevant (``squad-far``): the articles are split by a hash of the
+  title (``squad_held_back``: 7 of 16 held back); the other 9 build far-relevant
+  training documents (a question's context inserted deep into other articles).
 
 The predicates themselves live in ``keyrank.evaluation.splits`` (evaluation
 reports on them too); this module builds the training sets on their side.
@@ -13,14 +16,15 @@ reports on them too); this module builds the training sets on their side.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from keyrank.evaluation import farrelevant, qmsum
-from keyrank.evaluation.splits import dl20_held_back, qmsum_dev_meeting
+from keyrank.evaluation import farrelevant, qmsum, squad
+from keyrank.evaluation.splits import dl20_held_back, qmsum_dev_meeting, squad_held_back
 from keyrank.tokenize import TextTokenizer
 from keyrank.training.judged import JudgedQuery, from_eval
 
-TASKS = ("qmsum", "farrel")
+TASKS = ("qmsum", "farrel", "squad-far")
 """Training sets built by the evaluation's task builders (their training parts only)."""
 
 
@@ -31,7 +35,7 @@ def dl20_topics(data_dir: Path, *, held_back: bool) -> set[str]:
 
 def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0,
           offsets: tuple[int, ...] = farrelevant.OFFSETS) -> tuple[list[JudgedQuery], list[JudgedQuery]]:
-    """(train, dev) judged queries of a task; dev is empty for far-relevant (its topics all train)."""
+    """(train, dev) judged queries of a task; dev is empty for the far-relevant ones (their topics all train)."""
     if task == "qmsum":
         queries = from_eval(qmsum.build(data_dir, tokenizer, split="train", seed=seed), "qmsum",
                             group_of=lambda q: q.meta["meeting"])
@@ -44,4 +48,14 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0,
         # Each seed draws other inserts and filler for the same topics: more training documents, same split.
         source = "farrel" if seed == 0 else f"farrel-s{seed}"
         return from_eval(built, source, group_of=lambda q: q.meta["topic"]), []
+    if task == "squad-far":
+        built = squad.build_far(data_dir, tokenizer, seed=seed, offsets=offsets, articles=squad_articles(data_dir, held_back=False))
+        assert not any(squad_held_back(q.meta["article"]) for q in built)
+        return from_eval(built, "squad-far", group_of=lambda q: f"{q.meta['article']}#{q.meta['context']}"), []
     raise ValueError(f"unknown training task {task!r}; expected one of {TASKS}")
+
+
+def squad_articles(data_dir: Path, *, held_back: bool) -> set[str]:
+    """SQuAD article titles on one side of the split."""
+    data = json.loads((Path(data_dir) / "squad2-dev-half" / "dev-v2.0.json").read_text(encoding="utf-8"))
+    return {a["title"] for a in data["data"] if squad_held_back(a["title"]) == held_back}
