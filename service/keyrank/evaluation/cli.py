@@ -40,6 +40,13 @@ def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
     return names
 
 
+def scored_by(args: argparse.Namespace, settings: Settings) -> str:
+    """What scored the sequences, for the report's header."""
+    if args.scorer == "local":
+        return "ONNX Runtime in-process (--scorer local)"
+    return f"Triton {settings.triton_url or 'embedded (CPU)'}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="keyrank eval", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     p.add_argument("--task", nargs="+", default=["all"],
@@ -155,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports = {t: report.summarize(t, queries[t], runs[t], seed=args.seed) for t in task_names}
     command = "keyrank eval " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (f"# keyrank eval\n\n`{command}`\n\nseed {args.seed}, split {args.split}, "
-              f"{platform.node()} ({platform.processor() or platform.machine()}), Triton "
-              f"{settings.triton_url or 'embedded (CPU)'}; built in {build_s:.1f} s, ran in {run_s:.1f} s\n\n")
+              f"{platform.node()} ({platform.processor() or platform.machine()}), scored by {scored_by(args, settings)}; "
+              f"built in {build_s:.1f} s, ran in {run_s:.1f} s\n\n")
     md = report.write(out, reports, runs, header=header)
     (Path(out) / "config.json").write_text(json.dumps({
         "command": command, "seed": args.seed, "split": args.split, "tasks": task_names,
