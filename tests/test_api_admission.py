@@ -48,6 +48,15 @@ def test_cost_is_estimated_per_strategy_from_characters(strategy, selector, expe
     assert estimate_sequences(strategy, selector, Q, [TOKENS_1000] * 3, S, frame_tokens=FRAME) == expected
 
 
+def test_keyb2_costs_a_sequence_per_pass_the_text_can_fill():
+    passes = S.with_overrides(keyb2_passes=3)
+    short = "x" * int(300 * CHARS_PER_TOKEN)
+    # 1000 tokens fill two readings of 506; 300 tokens one; never more than the passes allowed
+    assert estimate_sequences("keyb2", "bm25", Q, [TOKENS_1000, short], passes, frame_tokens=FRAME) == 2 + 1
+    huge = "x" * int(10_000 * CHARS_PER_TOKEN)
+    assert estimate_sequences("keyb2", "bm25", Q, [huge], passes, frame_tokens=FRAME) == 3
+
+
 def test_cost_respects_the_window_caps_and_max_tokens_per_doc():
     huge = "x" * int(100_000 * CHARS_PER_TOKEN)
     assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME) == S.max_windows_per_doc

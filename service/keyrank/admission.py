@@ -67,8 +67,8 @@ def estimate_sequences(
     """Cross-encoder sequences (of up to 512 tokens) the request will cost, from character counts only.
 
     ``frame_tokens`` is the model template's frame (3 for BERT, tens for a decoder prompt): it decides how
-    many document tokens a window holds. prefix (firstp) and blocks (keyb2) read one sequence per
-    document; a selector adds its row's ``sequences_per_block`` for every block (the cross selector one
+    many document tokens a window holds. prefix (firstp) reads one sequence per document, blocks (keyb2)
+    one per pass (``keyb2_passes``) that the document's length can fill; a selector adds its row's ``sequences_per_block`` for every block (the cross selector one
     sequence each, the bi-encoder's pass over a block about an eighth); sliding windows overlap by the
     stride and disjoint chunks do not, capped at the request's window cap or the service's.
     """
@@ -81,9 +81,10 @@ def estimate_sequences(
     window = max(1, settings.max_sequence_length - query_tokens - frame_tokens)
     if spec.cut == "prefix":
         return float(len(documents))
-    if spec.cut == "blocks":
+    if spec.cut == "blocks":  # one reading per document, up to keyb2_passes while the text lasts
         per_block = get_selector(selector).sequences_per_block if selector else 0.0
-        return float(len(documents) + per_block * np.sum(np.ceil(tokens / settings.block_max_tokens)))
+        reads = np.minimum(settings.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
+        return float(np.sum(reads) + per_block * np.sum(np.ceil(tokens / settings.block_max_tokens)))
     stride = window if spec.cut == "disjoint" else (settings.window_stride or max(1, window // 2))
     windows = 1 + np.ceil(np.maximum(tokens - window, 0) / stride)
     cap = min(max_windows_per_doc, settings.max_windows_per_doc) if max_windows_per_doc else settings.max_windows_per_doc
