@@ -138,7 +138,10 @@ def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids
         if not np.isfinite(left).any():
             break
         read = np.concatenate([p.pieces for p in out])
-        out.append(choose_blocks(doc, blocks, left, budget, ids, later, excluded=read))
+        passage = choose_blocks(doc, blocks, left, budget, ids, later, excluded=read)
+        if not len(passage.pieces):  # what is left repeats what was read (near-duplicate suppression)
+            break
+        out.append(passage)
     return out
 
 
