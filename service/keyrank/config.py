@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     keyb2_fusion_weight: float = Field(0.0, ge=0.0, description="KeyB2 document score + this weight x the document's best selector block score, z-normalised over the request's documents. 0 = off (the default): above 0 a score depends on the other candidates.")
 
     # --- document cache (doc_cache.py) -----------------------------------------
-    document_cache_bytes: int = Field(256 * 2**20, ge=0, description="Bytes of tokens, blocks and BM25 terms kept per gateway process for documents seen before (by content hash, LRU); 0 = off. About 30 bytes per document token.")
+    document_cache_bytes: int = Field(256 * 2**20, ge=0, description="Bytes of tokens, blocks and BM25 terms kept per gateway process and per served model for documents seen before (by content hash, LRU); 0 = off. About 30 bytes per document token.")
 
     # --- Triton client -------------------------------------------------------
     length_buckets: list[int] = Field(list(LENGTH_BUCKETS), description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")
