@@ -116,21 +116,26 @@ class RecordingScorer:
         await self.inner.close()
 
 
-@pytest.mark.parametrize("strategy,selector", [("keyb2", "bm25"), ("maxp", None), ("firstp", None)])
-def test_training_inputs_are_the_served_inputs(trained, toy, strategy, selector):
+@pytest.mark.parametrize("strategy,selector,overrides", [
+    ("keyb2", "bm25", {}), ("keyb2", "bm25", {"keyb2_passes": 2, "keyb2_min_score_share": 0}),
+    ("maxp", None, {}), ("firstp", None, {}),
+])
+def test_training_inputs_are_the_served_inputs(trained, toy, strategy, selector, overrides):
     from keyrank.reranker import Reranker
 
     model_dir = trained.out / "base"
-    served = Reranker.local(model_dir)
+    served = Reranker.local(model_dir, **overrides)
     recorder = RecordingScorer(served.scorer)
     served.scorer = recorder
-    pipeline = _pipeline(model_dir)
+    pipeline = Pipeline.from_model_dir(Settings(model_dir=model_dir, **overrides))
     for judged in from_trec(*toy["trec"])[:2]:
         recorder.seen.clear()
         served.rank(judged.query, list(judged.texts), strategy=strategy, selector=selector)
         (sent,) = recorder.seen
         trained_on = plan_query(pipeline, judged, strategy, selector).model_inputs()
         assert len(sent) == len(trained_on) >= len(judged.texts)
+        if overrides:  # two passes over long documents: more sequences than documents, trained on alike
+            assert len(sent) > len(judged.texts)
         for a, b, ta, tb in zip(sent.ids, trained_on.ids, sent.types, trained_on.types):
             np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(ta, tb)
