@@ -268,7 +268,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
         teacher, fingerprint = run.teacher_reranker()
         run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}", fingerprint).with_suffix(".jsonl"))
         run.teacher.fill(teacher, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress)
-        if teacher is not run.reranker():
+        if c.teacher is not None:  # its own session; the base model's stays for what follows
             teacher.close()
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
