@@ -201,7 +201,7 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     from keyrank.modelserver.supervision import Stub, Supervisor
 
     class Server:
-        model, pid = "cross_encoder", 1
+        model, models, pid = "cross_encoder", ("cross_encoder",), 1
 
     instance = ("/m/cross_encoder/1/model.py", "cross_encoder_0_0")
     old, new = Stub("S", 100, instance), Stub("S", 200, instance)

@@ -308,16 +308,15 @@ class EmbeddedTriton:
                 raise EmbeddedTritonError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(_POLL_S)
 
-    def reload_model(self, timeout: float | None = None, models: tuple[str, ...] | None = None) -> float:
-        """Unload the models (all, or ``models``; readiness turns false at once), load them again; returns
-        the seconds taken.
+    def reload_model(self, timeout: float | None = None) -> float:
+        """Unload every model (readiness turns false at once), load them again; returns the seconds taken.
 
         Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
         """
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         with self.lifecycle:
-            for model in models or self.models:
+            for model in self.models:
                 if not self.admin.unload(model):
                     raise EmbeddedTritonError(f"Triton refused to unload {model!r}")
                 error = self.admin.load(model, timeout, self._reload_config.get(model))

@@ -44,7 +44,9 @@ class SupervisedServer(Protocol):
     this module does not import the one that imports it."""
 
     model: str
-    """The default model; ``models`` (when the server has it) are all those watched."""
+    """The default model."""
+    models: tuple[str, ...]
+    """Every model served, loaded, watched and repaired (``keyrank serve --models`` loads several)."""
     server_id: str
     lifecycle: Any
     """Lock held while the process is (re)started or stopped."""
@@ -62,11 +64,6 @@ class SupervisedServer(Protocol):
     def reload_model(self) -> None: ...
     def restart_locked(self) -> None: ...
     def log_tail(self) -> str: ...
-
-
-def served_models(triton: SupervisedServer) -> tuple[str, ...]:
-    """Every model the server serves (``keyrank serve --models`` loads several), else its one ``model``."""
-    return tuple(getattr(triton, "models", None) or (triton.model,))
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -184,7 +181,7 @@ class _InferenceProber(threading.Thread):
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
             admin = self.triton.admin
-            errors = {model: admin.probe_inference(model, self.timeout_s) for model in served_models(self.triton)}
+            errors = {model: admin.probe_inference(model, self.timeout_s) for model in self.triton.models}
             timed_out = [model for model, error in errors.items() if error == "timeout"]
             if timed_out:
                 counts = [admin.execution_count(model) for model in timed_out]
@@ -274,7 +271,7 @@ class Supervisor(threading.Thread):
             self._next_http = now + self.http_every_s
             if triton.admin.server_id() not in (triton.server_id, None):
                 return "Triton's port answers with another server's id"
-            for model in served_models(triton):
+            for model in triton.models:
                 if not triton.admin.model_ready(model):
                     return f"model {model!r} is not ready"
         error = self._prober.last_error
@@ -295,7 +292,7 @@ class Supervisor(threading.Thread):
         """
         if self._stubs_of != server_pid:
             self._stubs, self._stubs_of, self._stopped_since = {}, server_pid, {}
-        stubs = {pid: stub for model in served_models(self.triton) for pid, stub in model_stubs(server_pid, model).items()}
+        stubs = {pid: stub for model in self.triton.models for pid, stub in model_stubs(server_pid, model).items()}
         live = {pid: stub for pid, stub in stubs.items() if stub.state not in ("Z", "X")}
         died = sorted(
             pid for pid, stub in self._stubs.items()
@@ -343,7 +340,7 @@ class Supervisor(threading.Thread):
         log.error("embedded Triton: %s; repairing", fault)
         model_level = seen_pid is not None and not fault.startswith("Triton's port")
         if model_level:
-            for model in served_models(triton):  # every model is reloaded: simple, and a fault rarely spares the rest
+            for model in triton.models:  # every model is reloaded: simple, and a fault rarely spares the rest
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
@@ -357,7 +354,7 @@ class Supervisor(threading.Thread):
                     if not triton.wanted:
                         return
                     if triton.pid not in (seen_pid, None) and triton.serving and all(
-                        triton.admin.model_ready(model) for model in served_models(triton)
+                        triton.admin.model_ready(model) for model in triton.models
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
                     if model_level:
