@@ -82,6 +82,7 @@ def build_far(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, offset
             continue
         contexts = [p["context"] for p in article["paragraphs"]]
         others = enc([p["context"] for a in data["data"] if a["title"] != article["title"] for p in a["paragraphs"]])
+        filler = fr.FillerStream([o for o in others if len(o)])
         for c, paragraph in enumerate(article["paragraphs"]):
             qa = next((q for q in paragraph["qas"] if not q.get("is_impossible") and q["answers"]), None)
             if qa is None or len(contexts) <= distractors:
@@ -90,7 +91,7 @@ def build_far(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, offset
             negatives = rng.sample([i for i in range(len(contexts)) if i != c], distractors)
             inserts = enc([contexts[c]] + [contexts[i] for i in negatives])
             doc_tokens = max(offsets) + tail_tokens + max(len(i) for i in inserts)
-            fillers = fr.FillerStream([o for o in others if len(o)]).draw_disjoint([doc_tokens - len(i) for i in inserts], rng)
+            fillers = filler.draw_disjoint([doc_tokens - len(i) for i in inserts], rng)
             for offset in offsets:
                 texts, spans = zip(*(fr.insert(pieces, passage, offset) for pieces, passage in zip(fillers, inserts)))
                 fr.check_offsets(tokenizer, list(texts), list(spans), inserts, offset)
