@@ -4,6 +4,7 @@ process, an admin unload under load, a killed tritonserver, SIGTERM under load."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -106,11 +107,23 @@ def test_a_stopped_model_process_turns_readyz_503_within_a_second_and_is_replace
     assert serve.repairs() == 1
 
 
+def _long_inference(rows: int = 64, width: int = 512) -> dict:
+    """A Triton request body of ``rows`` x ``width`` tokens (the model's largest batch at its longest
+    sequence): seconds of work for one instance (3-7 s on 2 cores, 20 s and more on 2 busy ones)."""
+    ids = [[101] + [2000 + (row * 7 + col) % 5000 for col in range(width - 2)] + [102] for row in range(rows)]
+    tensors = {"input_ids": ids, "attention_mask": [[1] * width] * rows, "token_type_ids": [[0] * width] * rows}
+    return {"inputs": [{"name": name, "shape": [rows, width], "datatype": "INT64", "data": data}
+                       for name, data in tensors.items()],
+            "outputs": [{"name": "logits"}]}
+
+
 def test_an_admin_unload_under_load_is_repaired_once_with_no_503_after_readiness_returns(serve):
-    # Triton unloads in the background: the old stub exits seconds after the reload, which was read
-    # as a new crash (5 repairs in a row, the healthy instance unloaded each time).
+    # Triton unloads in the background: the unloaded instance's stub lives until its last request is
+    # done, and exits after the repair's reload started its successor. That exit was read as a new
+    # crash (5 repairs in a row in the report, the healthy instance unloaded each time).
     triton = serve.triton()
     http, admin = _admin(triton)
+    (old,) = stubs_of(triton)
     answers: list[tuple[float, float, int]] = []  # (sent, answered, status)
     stop = threading.Event()
 
@@ -121,22 +134,45 @@ def test_an_admin_unload_under_load_is_repaired_once_with_no_503_after_readiness
                 status = client.post(f"{serve.url}/rerank", json=body).status_code
                 answers.append((sent, time.monotonic(), status))
 
-    # Long requests in flight keep the unloaded instance (and its stub) busy after the new one serves.
-    loaders = [threading.Thread(target=load, args=(body,), daemon=True) for body in (BODY, LONG_BODY)]
-    for loader in loaders:
-        loader.start()
+    # The gateway sends Triton only short requests (a long body too is split into small batches): at
+    # the unload the old instance finished them, and its stub exited, before the reload started a new
+    # one, so the race never happened (this test passed on the broken supervisor). One long request
+    # sent to Triton itself keeps the old stub busy for seconds after its successor started.
+    content = json.dumps(_long_inference()).encode()
+    direct: list[tuple[int, float]] = []  # (status, seconds after the unload)
+
+    def infer_directly() -> None:
+        status = httpx.post(f"{http}/v2/models/cross_encoder/infer", content=content, timeout=180).status_code
+        direct.append((status, time.monotonic() - unloaded))
+
+    unloaded = float("inf")
+    held = threading.Thread(target=infer_directly, daemon=True)
+    loader = threading.Thread(target=load, args=(BODY,), daemon=True)
+    loader.start()
     try:
-        time.sleep(2.0)
-        assert httpx.post(f"{http}/v2/repository/models/cross_encoder/unload", headers=admin, json={}).status_code == 200
+        time.sleep(1.0)
+        held.start()
+        time.sleep(0.5)  # on the old instance now (or queued for it, which holds it as well)
         unloaded = time.monotonic()
+        assert httpx.post(f"{http}/v2/repository/models/cross_encoder/unload", headers=admin, json={}).status_code == 200
         down = wait_status(serve.url, "/readyz", 503, timeout=1.0)
-        back = unloaded + wait_status(serve.url, "/readyz", 200, timeout=15.0)
-        time.sleep(10.0)  # the old stub exits meanwhile
+        back = unloaded + wait_status(serve.url, "/readyz", 200, timeout=30.0)
+        successors = [pid for pid in stubs_of(triton) if pid != old]
+        raced = alive(old)  # the old stub outlives its successor's start: the race this test is about
+        held.join(180)
+        while alive(old) and time.monotonic() - back < 60:
+            time.sleep(0.05)
+        exited = time.monotonic()
+        time.sleep(3.0)  # a repair the late exit set off would show now (it once followed within 0.1 s)
     finally:
         stop.set()
-        for loader in loaders:
-            loader.join(30)
-    print(f"admin unload: /readyz 503 after {down:.2f} s, 200 again after {back - unloaded:.2f} s")
+        loader.join(60)
+    print(f"admin unload: /readyz 503 after {down:.2f} s, 200 again after {back - unloaded:.2f} s; "
+          f"old stub {old} {'alive' if raced else 'gone'} then, exited {exited - unloaded:.2f} s after the unload; "
+          f"direct request (status, s after the unload) {direct}; {len(answers)} gateway answers")
+    assert successors and raced, "the old stub exited before its successor started: the race was not reproduced"
+    assert [status for status, _ in direct] == [200], direct
+    assert not alive(old)
     assert serve.repairs() == 1, serve.log.read_text()[-2000:]
     late = [(round(answered - back, 2), status) for _, answered, status in answers if answered > back + 0.1 and status != 200]
     assert late == []
