@@ -195,7 +195,7 @@ def test_second_prepare_reexports_nothing_and_takes_under_a_few_seconds(prepared
     onnx_files = [out / "triton/cross_encoder/1/model.onnx", out / "gateway/bi_encoder/model.onnx"]
     before = [f.stat().st_ino for f in onnx_files]
     started = time.perf_counter()
-    manifest = prepare(str(CE_MODEL), out)
+    manifest = prepare(str(CE_MODEL), out, cpu_variant="fused")  # the arguments prepared_models was made with
     assert time.perf_counter() - started < 5
     assert [f.stat().st_ino for f in onnx_files] == before
     recorded = json.loads((prepared_models / "gateway/manifest.json").read_text())
@@ -206,7 +206,7 @@ def test_changed_serving_options_rewrite_only_the_configs(prepared_models, tmp_p
     out = _linked_copy(prepared_models, tmp_path / "models")
     onnx = out / "triton/cross_encoder/1/model.onnx"
     inode = onnx.stat().st_ino
-    prepare(str(CE_MODEL), out, tensorrt_fp16=True, embedded_instances=2, max_batch_size=32)
+    prepare(str(CE_MODEL), out, tensorrt_fp16=True, embedded_instances=2, max_batch_size=32, cpu_variant="fused")
     assert onnx.stat().st_ino == inode
     production = _parse((out / "triton/cross_encoder/config.pbtxt").read_text())
     embedded = _parse((out / "triton-embedded/cross_encoder/config.pbtxt").read_text())

@@ -6,7 +6,7 @@ The CPU stages are pipeline.py's one plan (``cut`` / ``finish``, shared with
 ``keyrank bench`` and ``keyrank finetune``); scoring is a ``Scorer`` (Triton, or ONNX Runtime
 in-process). Usable without HTTP, as small as sentence-transformers' CrossEncoder::
 
-    reranker = Reranker.local("models")                    # no Triton: ONNX Runtime in-process
+    reranker = Reranker.local("models")                    # no Triton: the same CPU model in-process
     ranking = reranker.rank("query", ["doc one", "doc two"])
 
 The HTTP layer (api/) is a thin shell over ``arank``.
@@ -233,19 +233,21 @@ class Reranker:
 
     @classmethod
     def local(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, threads: int = 0, **overrides: Any) -> Reranker:
-        """A Reranker scoring in this process with ONNX Runtime: no Triton, two lines to a ranking."""
+        """A Reranker scoring in this process (ONNX Runtime or OpenVINO, as prepared): no Triton, two lines to a ranking."""
         from keyrank.scoring.local import LocalScorer
+        from keyrank.scoring.openvino import read_runtime
 
         settings = settings or get_settings()
         if model_dir is not None:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
         pipeline = Pipeline.from_model_dir(settings)
-        # The CPU variant `keyrank prepare --cpu-variant` gated: the same file the embedded Triton serves.
-        onnx = settings.model_dir / "triton-embedded" / settings.triton_model / "1" / "model.onnx"
+        # The file the embedded Triton serves, on the same runtime: the CPU variant `keyrank prepare` gated.
+        version = settings.model_dir / "triton-embedded" / settings.triton_model / "1"
         scorer = LocalScorer(
-            onnx, pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size, threads=threads,
-            max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
+            version / "model.onnx", pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
+            threads=threads, max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
+            runtime=read_runtime(version),
         )
         return cls(settings, scorer=scorer, pipeline=pipeline)
 

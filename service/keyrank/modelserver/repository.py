@@ -9,6 +9,7 @@ gateway cannot tell them apart.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -97,6 +98,9 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
     code = Path(__file__).parent / "python_models"
     for name in ("model.py", "grouping.py"):  # the model and the request grouping it shares with the GPU variant
         write_if_changed(version / name, (code / name).read_text())
+    # Which runtime runs model.onnx (model.py and Reranker.local read it): the one the CPU variant was gated on.
+    runtime = (ce.get("cpu") or {}).get("runtime") or {"runtime": "onnxruntime"}
+    write_if_changed(version / "runtime.json", json.dumps(runtime) + "\n")
     source, target = cpu_model or production / "1" / "model.onnx", version / "model.onnx"
     if not _same_file(source, target):
         tmp = target.with_suffix(".onnx.tmp")

@@ -9,6 +9,9 @@ The exported ``model.onnx`` (fp32, unfused, what the GPU repository serves) is t
   every MatMul/Attention.
 - ``int8-selective``: the same, with the layers ranking is most sensitive to kept fp32 (the classifier
   head and pooler, each layer's attention output and FFN output projection).
+- ``openvino-bf16``: the fp32 export unchanged, run by OpenVINO's CPU plugin in bfloat16 where the CPU
+  has it (scoring/openvino.py); ``openvino``: the same in fp32. Nothing is built: the served folder gets
+  a ``runtime.json`` that both CPU paths read.
 
 The gate scores real pairs (``gate_groups``: DL20 passages and 512-token QMSum train chunks from
 ../shared/datasets when present, else the export's built-in check pairs) with the fp32 reference and the
@@ -32,14 +35,20 @@ from keyrank.errors import KeyrankError
 
 log = logging.getLogger(__name__)
 
-VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective")
+VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective", "openvino", "openvino-bf16")
 """Every CPU variant `keyrank prepare --cpu-variant` can build, reference first."""
 AUTO = "auto"
-"""The default choice: ``fused`` where the family is fused and it passes the gate, else ``fp32`` with the
-reason in the manifest (``cpu.fallback``). A variant named explicitly is refused instead."""
+"""The default choice, the fastest that passes the gate (docs/PERFORMANCE.md, section 7): ``openvino-bf16``
+where OpenVINO is installed and the CPU computes bfloat16, else ``fused`` where the family is fused, else
+``fp32``; each step down with its reason in the manifest (``cpu.fallback``). A variant named explicitly
+is refused instead."""
 AUTO_CHOICE = "fused"
-"""What ``auto`` builds: the fastest variant that passes the gate and loses no nDCG@10 (docs/PERFORMANCE.md, section 7)."""
-EXACT = frozenset({"fp32", "fused"})
+"""What ``auto`` builds on a CPU without bfloat16 (or without OpenVINO)."""
+AUTO_BF16 = "openvino-bf16"
+"""What ``auto`` tries first where the CPU computes bfloat16: 2x fused on 512-token pairs."""
+OPENVINO = {"openvino": "f32", "openvino-bf16": "bf16"}
+"""The variants OpenVINO runs, and the precision each asks of it."""
+EXACT = frozenset({"fp32", "fused", "openvino"})
 """Variants that compute the same function: held to the export's ``atol`` on every score."""
 FUSION_FAMILIES = frozenset({"bert", "electra", "distilbert", "roberta", "xlm-roberta", "camembert"})
 """HF model types whose graphs ONNX Runtime's optimizer fuses as model type ``bert`` (encoder-only BERT
@@ -79,6 +88,16 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     optimizer guess from the graph, which misses the attention fusion of torch exports). Up to date (same variant, export and gate): nothing
     is redone. A refused variant leaves nothing behind and raises ``VariantRefused``."""
     if variant == AUTO:
+        from keyrank.scoring import openvino
+
+        if openvino.bf16_supported():
+            try:
+                return prepare_cpu(out, ce_entry, fp32, gateway, AUTO_BF16, datasets, atol, force, heads)
+            except Exception as refused:  # refused by the gate: the ONNX Runtime choice below, the reason on record
+                log.warning("%s; trying %s", refused, AUTO_CHOICE)
+                entry, path = prepare_cpu(out, ce_entry, fp32, gateway, AUTO_CHOICE if ce_entry["family"] in FUSION_FAMILIES
+                                          else "fp32", datasets, atol, force, heads)
+                return {**entry, "fallback": f"{AUTO_BF16}: {refused}" + (f"; {entry['fallback']}" if "fallback" in entry else "")}, path
         if ce_entry["family"] not in FUSION_FAMILIES:
             return {"variant": "fp32", "gate": "reference", "fallback": f"no fusion for family {ce_entry['family']!r}"}, fp32
         try:
@@ -92,13 +111,11 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     key = {"variant": variant, "gate_version": GATE_VERSION, "of": ce_entry["fingerprint"], "atol": atol}
     target = out / "cpu" / ce_entry["triton_model"] / f"model.{variant}.onnx"
     old = ce_entry.get("cpu") or {}
+    if variant in OPENVINO:
+        return _prepare_openvino(variant, key, old, ce_entry, fp32, gateway, datasets, atol, force), fp32
     if not force and all(old.get(k) == v for k, v in key.items()) and target.exists():
         return old, target
-    from keyrank.prepare.cross_encoder import serving_tokenizer
-    from keyrank.template import InputTemplate
-
-    template = InputTemplate.from_json(ce_entry["template"])
-    groups, source = gate_groups(datasets, serving_tokenizer(gateway / "tokenizer.json", template), template)
+    groups, source = _gate_pairs(ce_entry, gateway, datasets)
     tmp = target.with_name(target.name + ".tmp")
     try:
         made = build(variant, fp32, tmp, family=ce_entry["family"], num_heads=heads, hidden_size=ce_entry["hidden_size"])
@@ -110,12 +127,49 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     return {**key, **made, "gate": report}, target
 
 
+def _prepare_openvino(variant: str, key: dict, old: dict, ce_entry: dict, fp32: Path, gateway: Path,
+                      datasets: Path | None, atol: float, force: bool) -> dict:
+    """The fp32 export on OpenVINO (nothing to build): gated with OpenVINO scoring on this CPU."""
+    from keyrank.scoring import openvino
+
+    if not openvino.available():
+        raise KeyrankError(f"CPU variant {variant!r} needs OpenVINO: pip install 'keyrank[embedded]' (or openvino)")
+    runtime = {"runtime": "openvino", "precision": OPENVINO[variant]}
+    here = openvino.precision_here(runtime["precision"])
+    if not force and all(old.get(k) == v for k, v in key.items()) and old.get("runtime") == runtime and old.get("computed_in") == here:
+        return old
+    groups, source = _gate_pairs(ce_entry, gateway, datasets)
+    started = time.perf_counter()
+    report = check(variant, fp32, fp32, groups, source, atol, runtime=runtime)
+    return {**key, "runtime": runtime, "computed_in": here, "gate": report, "gate_seconds": round(time.perf_counter() - started, 1)}
+
+
+def _gate_pairs(ce_entry: dict, gateway: Path, datasets: Path | None) -> tuple[list[GateGroup], str]:
+    from keyrank.prepare.cross_encoder import serving_tokenizer
+    from keyrank.template import InputTemplate
+
+    template = InputTemplate.from_json(ce_entry["template"])
+    return gate_groups(datasets, serving_tokenizer(gateway / "tokenizer.json", template), template)
+
+
+def served_variant(model_dir: Path) -> str:
+    """The CPU variant a prepared folder serves and what computes it, for reports: e.g. ``openvino-bf16
+    (OpenVINO, bf16)``, ``fused (ONNX Runtime)``; ``unknown`` for a folder without a manifest."""
+    try:
+        cpu = json.loads((Path(model_dir) / "gateway" / "manifest.json").read_text())["cross_encoder"].get("cpu") or {}
+    except (OSError, KeyError, ValueError):
+        return "unknown"
+    if cpu.get("variant") in OPENVINO:
+        return f"{cpu['variant']} (OpenVINO, {cpu.get('computed_in', OPENVINO[cpu['variant']])})"
+    return f"{cpu.get('variant', 'fp32')} (ONNX Runtime)"
+
+
 # --- building ----------------------------------------------------------------------
 
 
 def build(variant: str, fp32: Path, target: Path, *, family: str, num_heads: int, hidden_size: int) -> dict:
     """Write ``variant`` of the fp32 graph to ``target`` (via a temporary file); return how it was made."""
-    if variant not in VARIANTS or variant == "fp32":
+    if variant not in VARIANTS or variant == "fp32" or variant in OPENVINO:
         raise KeyrankError(f"unknown CPU variant {variant!r}; one of {', '.join(VARIANTS)}")
     if family not in FUSION_FAMILIES:
         raise KeyrankError(
@@ -217,14 +271,20 @@ def _feeds(text_tokenizer, template, query: str, docs: list[str]) -> dict[str, n
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-def scores(path: Path, groups: list[GateGroup], threads: int = 0) -> list[np.ndarray]:
-    """The logits of every group under one session (the serving session options)."""
-    from keyrank.scoring.local import session_options
+def scores(path: Path, groups: list[GateGroup], threads: int = 0, runtime: dict | None = None) -> list[np.ndarray]:
+    """The logits of every group under one session (the serving session options, or OpenVINO's as served)."""
+    if (runtime or {}).get("runtime") == "openvino":
+        from keyrank.scoring.openvino import OpenVinoSession
 
-    import onnxruntime as ort
+        session = OpenVinoSession(path, precision=runtime["precision"], threads=threads)
+        names = set(session.input_names)
+    else:
+        from keyrank.scoring.local import session_options
 
-    session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
-    names = {i.name for i in session.get_inputs()}
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
     out = []
     for group in groups:
         chunk = [session.run(["logits"], {k: v[i:i + 8] for k, v in group.feeds.items() if k in names})[0]
@@ -255,6 +315,8 @@ def verdict(variant: str, numbers: dict, atol: float) -> str | None:
         if not numbers["max_abs_diff"] <= atol:
             return f"max |score - fp32| {numbers['max_abs_diff']:.3g} > atol {atol:g}"
         return None
+    if numbers["max_abs_diff"] <= atol:  # fp32's function within the export's tolerance: near-ties may swap, nothing moved
+        return None
     if not numbers["kendall_tau_mean"] >= MIN_KENDALL_TAU:
         return f"mean Kendall tau {numbers['kendall_tau_mean']} < {MIN_KENDALL_TAU}"
     if not numbers["top1_agreement"] >= MIN_TOP1_AGREEMENT:
@@ -262,9 +324,11 @@ def verdict(variant: str, numbers: dict, atol: float) -> str | None:
     return None
 
 
-def check(variant: str, fp32: Path, candidate: Path, groups: list[GateGroup], source: str, atol: float) -> dict:
-    """The gate: numbers and verdict; raises ``VariantRefused`` (with them) when the variant fails."""
-    numbers = compare(scores(fp32, groups), scores(candidate, groups))
+def check(variant: str, fp32: Path, candidate: Path, groups: list[GateGroup], source: str, atol: float,
+          runtime: dict | None = None) -> dict:
+    """The gate: numbers and verdict; raises ``VariantRefused`` (with them) when the variant fails.
+    ``runtime``: what runs the candidate (ONNX Runtime when None)."""
+    numbers = compare(scores(fp32, groups), scores(candidate, groups, runtime=runtime))
     report = {"variant": variant, "gate_version": GATE_VERSION, "pairs_from": source, **numbers}
     reason = verdict(variant, numbers, atol)
     if reason:

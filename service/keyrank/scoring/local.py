@@ -5,6 +5,7 @@ length buckets and batches as the Triton path, so the scores are the same.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +55,9 @@ def run_options():
 
 
 class LocalScorer(InProcessScorer):
-    """An ONNX Runtime session on this process's CPU (or a CUDA provider when asked)."""
+    """An ONNX Runtime session on this process's CPU (or a CUDA provider when asked), or OpenVINO's CPU
+    plugin when ``runtime`` says so (``{"runtime": "openvino", "precision": "bf16"}``, the
+    ``runtime.json`` `keyrank prepare` writes beside the served model: scoring/openvino.py)."""
 
     def __init__(
         self,
@@ -67,13 +70,25 @@ class LocalScorer(InProcessScorer):
         providers: Sequence[str] = ("CPUExecutionProvider",),
         max_shapes: int = 0,
         multiple: int = LENGTH_MULTIPLE,
+        runtime: dict | None = None,
     ) -> None:
-        import onnxruntime as ort
-
         super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple)
-        self.session = ort.InferenceSession(str(onnx_path), session_options(threads), providers=list(providers))
-        """The ONNX Runtime session."""
-        self.input_names: tuple[str, ...] = tuple(i.name for i in self.session.get_inputs())
+        self.runtime: dict = dict(runtime or {"runtime": "onnxruntime"})
+        """Which runtime runs the model (and in what precision), as asked and as found here."""
+        if self.runtime["runtime"] == "openvino" and "CPUExecutionProvider" in providers and _openvino_here(onnx_path):
+            from keyrank.scoring.openvino import OpenVinoSession
+
+            self.session = OpenVinoSession(onnx_path, precision=self.runtime.get("precision", "f32"), threads=threads)
+            self.runtime["precision"] = self.session.precision
+        else:
+            import onnxruntime as ort
+
+            self.session = ort.InferenceSession(str(onnx_path), session_options(threads), providers=list(providers))
+            self.runtime = {"runtime": "onnxruntime"}
+        """The ONNX Runtime session (or an ``OpenVinoSession``, which runs alike)."""
+        self.input_names: tuple[str, ...] = (
+            self.session.input_names if self.runtime["runtime"] == "openvino" else tuple(i.name for i in self.session.get_inputs())
+        )
         """Inputs the graph declares (all three for exports of `keyrank prepare`)."""
 
     def run_batch(self, batch: Batch, want_pooled: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -87,3 +102,16 @@ class LocalScorer(InProcessScorer):
 
     async def close(self) -> None:
         self.session = None  # type: ignore[assignment]
+
+
+def _openvino_here(onnx_path: str | Path) -> bool:
+    """OpenVINO is installed; else the model (the fp32 export: openvino variants serve it unchanged)
+    runs on ONNX Runtime with the same scores as fp32, said in the log."""
+    from keyrank.scoring.openvino import available
+
+    if available():
+        return True
+    logging.getLogger(__name__).warning(
+        "%s was prepared for OpenVINO, which is not installed (pip install 'keyrank[embedded]'): "
+        "running it on ONNX Runtime in fp32", onnx_path)
+    return False

@@ -1,5 +1,6 @@
 """Triton Python-backend model of the embedded server: runs the cross-encoder's
-``model.onnx`` (next to this file) with ONNX Runtime on CPU.
+``model.onnx`` (next to this file) on CPU with ONNX Runtime, or with OpenVINO when
+``runtime.json`` beside it says so (the ``openvino``/``openvino-bf16`` CPU variants).
 
 Copied into ``models/triton-embedded/cross_encoder/1/`` by `keyrank prepare`;
 it runs inside Triton's Python stub, so it imports nothing from keyrank.
@@ -14,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -53,12 +55,18 @@ class TritonPythonModel:
         options.enable_cpu_mem_arena = True
         options.enable_mem_pattern = False
         options.add_session_config_entry("session.intra_op.allow_spinning", "1")  # ONNX Runtime's default, on purpose
-        # model.onnx is the CPU variant `keyrank prepare --cpu-variant` chose and gated (fused by default)
-        path = Path(__file__).resolve().parent / "model.onnx"
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        # A fused graph may drop an input the model never reads (XLM-R's token_type_ids): Triton's config
-        # keeps the export's inputs for every client, and the session is fed only those it declares.
-        self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
+        # model.onnx is the CPU variant `keyrank prepare --cpu-variant` chose and gated, on the runtime
+        # runtime.json names (keyrank/scoring/openvino.py; ONNX Runtime when it is absent)
+        here = Path(__file__).resolve().parent
+        runtime = json.loads((here / "runtime.json").read_text()) if (here / "runtime.json").is_file() else {}
+        if runtime.get("runtime") == "openvino" and _has_openvino():
+            self.session = _OpenVino(here / "model.onnx", runtime.get("precision", "f32"), options.intra_op_num_threads)
+            self.session_inputs = self.session.input_names
+        else:
+            self.session = ort.InferenceSession(str(here / "model.onnx"), options, providers=["CPUExecutionProvider"])
+            # A fused graph may drop an input the model never reads (XLM-R's token_type_ids): Triton's config
+            # keeps the export's inputs for every client, and the session is fed only those it declares.
+            self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
         self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or RUN_TOKENS)
 
     def execute(self, requests: list) -> list:
@@ -92,9 +100,18 @@ def _run_in_slices(session, output_names: list, batch: dict, requests: list, run
 
 def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list) -> list:
     """``session.run``, terminated early when every request of the batch has been cancelled
-    (ONNX Runtime's RunOptions.terminate, set from a watcher thread)."""
+    (ONNX Runtime's RunOptions.terminate, or OpenVINO's InferRequest.cancel, from a watcher thread)."""
+    if isinstance(session, _OpenVino):
+        return session.run(output_names, batch, requests)
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")  # the arena given back
+    with _stopped_when_cancelled(requests, lambda: setattr(options, "terminate", True)):
+        return session.run(output_names, batch, options)
+
+
+@contextmanager
+def _stopped_when_cancelled(requests: list, stop):
+    """While the body runs, a watcher thread calls ``stop()`` once every request has been cancelled."""
     done = threading.Event()
 
     def watch() -> None:
@@ -107,17 +124,49 @@ def _run_unless_cancelled(session, output_names: list, batch: dict, requests: li
                 # that merely starved this thread loses only the early stop of this one batch).
                 return
             if all(request.is_cancelled() for request in requests):
-                options.terminate = True
+                stop()
                 return
             polled = time.monotonic()
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        return session.run(output_names, batch, options)
+        yield
     finally:
         done.set()
         watcher.join()
+
+
+def _has_openvino() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:  # the fp32 export is served unchanged: ONNX Runtime gives fp32's scores
+        print("keyrank: runtime.json asks for OpenVINO, which is not installed here; running ONNX Runtime", file=sys.stderr)
+        return False
+    return True
+
+
+class _OpenVino:
+    """OpenVINO's CPU plugin on model.onnx (keyrank/scoring/openvino.py, written out): bf16 where the CPU
+    has it, latency hint, one stream, one infer request (an instance runs one batch at a time)."""
+
+    def __init__(self, path: Path, precision: str, threads: int) -> None:
+        import openvino as ov
+
+        core = ov.Core()
+        if precision == "bf16" and "BF16" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+            precision = "f32"
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", {
+            "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1,
+        })
+        self.request = self.compiled.create_infer_request()
+        self.input_names = frozenset(port.get_any_name() for port in self.compiled.inputs)
+
+    def run(self, output_names: list, batch: dict, requests: list) -> list:
+        with _stopped_when_cancelled(requests, self.request.cancel):
+            self.request.infer(batch)
+        return [self.request.get_tensor(name).data.copy() for name in output_names]
 
 
 def _threads(config: dict) -> int:
