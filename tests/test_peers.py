@@ -23,6 +23,18 @@ def test_rows_are_medians_of_interleaved_rounds_as_pairs_per_second_ratios_and_s
     assert "share_of_peak" not in short["keyrank"] and short["other"]["ratio"] == 0.5
 
 
+def test_each_row_is_compared_with_the_fastest_peer_and_the_bf16_peak():
+    rows = {"keyrank local": {"pairs_per_s": 24.0}, "keyrank, Triton": {"pairs_per_s": 30.0},
+            "fastembed": {"pairs_per_s": 12.0}, "flashrank": {"pairs_per_s": 16.0}}
+    peers.against_peers(rows, bf16_peak=638.4e9)
+    # keyrank's own rows are not peers: the fastest peer is flashrank's 16 pairs/s.
+    assert rows["keyrank local"]["vs_fastest_peer"] == 1.5 and rows["fastembed"]["vs_fastest_peer"] == 0.75
+    assert rows["keyrank local"]["share_of_bf16_peak"] == pytest.approx(0.5)  # 24 x 13.3 GFLOP / 638.4
+    short = {"keyrank local": {"pairs_per_s": 24.0}}
+    peers.against_peers(short, bf16_peak=None)
+    assert short["keyrank local"] == {"pairs_per_s": 24.0}  # no peer measured, no peak: nothing made up
+
+
 def test_a_peer_scoring_with_another_model_is_flagged():
     keyrank = [np.array([3.0, 1.0, -2.0]), np.array([0.5, 0.1])]
     monotone = [1 / (1 + np.exp(-s)) for s in keyrank]  # flashrank's sigmoid: same ranking
@@ -49,9 +61,12 @@ def test_peers_that_are_not_installed_are_reported_with_what_to_install(capsys):
     assert "not measured: no such reranker: not installed (pip install no-such-reranker" in capsys.readouterr().out
 
 
-def test_the_matmul_peak_is_measured_in_fp32_and_int8():
+def test_the_matmul_peak_is_measured_in_fp32_and_int8_and_bf16_where_the_cpu_has_it():
+    from keyrank.scoring import openvino
+
     peak = peers.matmul_peak(threads=1, repeats=1, n=256)
     assert peak["fp32"] > 1e8 and peak["int8"] > 1e8
+    assert ("bf16" in peak) == openvino.bf16_supported() and peak.get("bf16", 1e9) > 1e8
 
 
 def test_every_bench_option_says_its_default(capsys):

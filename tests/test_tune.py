@@ -98,6 +98,6 @@ def test_eval_measures_strategies_on_the_users_trec_files(prepared_models, tmp_p
                "--selectors", "bm25", "--out", str(out), "--no-progress"])
     systems = json.loads((out / "results.json").read_text())["trec"]["systems"]
     assert systems["keyb2-bm25"]["metrics"]["nDCG@10"] > systems["firstp"]["metrics"]["nDCG@10"] + 0.1
-    assert "scored by ONNX Runtime in-process (--scorer local)" in (out / "report.md").read_text()
+    assert "scored by the fused (ONNX Runtime) CPU model in-process (--scorer local)" in (out / "report.md").read_text()
     with pytest.raises(SystemExit, match="give --qrels, --docs and --queries"):
         eval_main(["--task", "trec", "--model-dir", str(prepared_models)])

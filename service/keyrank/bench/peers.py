@@ -135,7 +135,7 @@ def _flashrank(model_dir: Path, checkpoint: Path, threads: int):
 
 
 PEERS: tuple[Peer, ...] = (
-    Peer("keyrank local (in-process ONNX Runtime)", None, "keyrank", _keyrank_local),
+    Peer("keyrank local (in-process)", None, "keyrank", _keyrank_local),
     Peer("keyrank, embedded Triton (gRPC hop)", None, "keyrank", _keyrank_triton),
     Peer("sentence-transformers CrossEncoder, PyTorch fp32", "sentence_transformers", "sentence-transformers", _sentence_transformers("torch")),
     Peer("sentence-transformers CrossEncoder, ONNX backend", "optimum", "sentence-transformers[onnx]", _sentence_transformers("onnx")),
@@ -200,7 +200,36 @@ def matmul_peak(threads: int, repeats: int = 5, n: int = 1024) -> dict[str, floa
             session.run(None, feeds)
             times.append(time.perf_counter() - started)
         out[kind] = 2 * n**3 / statistics.median(times)
+    bf16 = _bf16_matmul_peak(threads, repeats, n)
+    if bf16:
+        out["bf16"] = bf16
     return out
+
+
+def _bf16_matmul_peak(threads: int, repeats: int, n: int) -> float | None:
+    """FLOP/s of the same MatMul on OpenVINO's CPU plugin in bfloat16 (what the openvino-bf16 variant
+    computes in); None without OpenVINO or a bf16 CPU."""
+    from keyrank.scoring import openvino
+
+    if not openvino.bf16_supported():
+        return None
+    import openvino as ov
+
+    rng = np.random.default_rng(0)
+    a = ov.opset13.parameter([n, n], ov.Type.f32, name="a")
+    weights = ov.opset13.constant(rng.standard_normal((n, n), np.float32))  # as in the encoder: weights are constants
+    model = ov.Model([ov.opset13.matmul(a, weights, False, False)], [a], "bf16_peak")
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16", "INFERENCE_NUM_THREADS": threads,
+                                                      "PERFORMANCE_HINT": "LATENCY"})
+    request = compiled.create_infer_request()
+    feeds = {"a": rng.standard_normal((n, n), np.float32)}
+    request.infer(feeds)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        request.infer(feeds)
+        times.append(time.perf_counter() - started)
+    return 2 * n**3 / statistics.median(times)
 
 
 # --- arithmetic (pinned by tests/test_peers.py) ------------------------------------------------
@@ -223,6 +252,17 @@ def summarize(seconds: dict[str, list[float]], pairs: int, reference: str, peak_
     return rows
 
 
+def against_peers(rows: dict[str, dict], bf16_peak: float | None) -> None:
+    """Adds to each row its pairs/s over the fastest peer's (keyrank's rows are not peers) and, on the
+    512-token workload with a bf16 peak measured, the share of that peak (13.3 GFLOP per pair)."""
+    fastest = max((row["pairs_per_s"] for name, row in rows.items() if not name.startswith("keyrank")), default=None)
+    for row in rows.values():
+        if fastest:
+            row["vs_fastest_peer"] = row["pairs_per_s"] / fastest
+        if bf16_peak:
+            row["share_of_bf16_peak"] = row["pairs_per_s"] * FLOP_PER_512_PAIR / bf16_peak
+
+
 def agreement(reference: list[np.ndarray], other: list[np.ndarray]) -> float:
     """Spearman rank correlation of two systems' scores over all pairs of a workload."""
     from scipy.stats import spearmanr
@@ -237,6 +277,7 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         long_pairs: int = 48, peers: Sequence[Peer] = PEERS) -> dict:
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline
+    from keyrank.prepare.variants import served_variant
 
     tokenizer = Pipeline.from_model_dir(Settings(model_dir=model_dir)).tokenizer
     loads = workloads(datasets, tokenizer, long_pairs=long_pairs)
@@ -268,13 +309,15 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         for close in reversed(_CLOSERS):
             close()
         _CLOSERS.clear()
-    peak = {k: max(peak[k], peak_after[k]) for k in peak}  # the better of before and after the rounds
+    peak = {k: max(peak[k], peak_after.get(k, 0.0)) for k in peak}  # the better of before and after the rounds
     result: dict = {"threads": threads, "rounds": rounds, "matmul_peak_gflop_per_s": {k: v / 1e9 for k, v in peak.items()},
-                    "missing": missing, "load_average": os.getloadavg(), "workloads": {}}
+                    "missing": missing, "load_average": os.getloadavg(), "keyrank_cpu_variant": served_variant(model_dir),
+                    "workloads": {}}
     for workload, groups in loads.items():
         pairs = sum(len(docs) for _, docs in groups)
         long = workload.startswith("512")
         rows = summarize(seconds[workload], pairs, reference, peak["fp32"] if long else None, FLOP_PER_512_PAIR if long else None)
+        against_peers(rows, peak.get("bf16") if long else None)
         for name, row in rows.items():
             row["spearman_vs_keyrank"] = agreement(scores[workload][reference], scores[workload][name])
             row["agrees"] = row["spearman_vs_keyrank"] >= AGREEMENT_MIN
@@ -284,16 +327,21 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
 
 def print_table(result: dict) -> None:
     peak = result["matmul_peak_gflop_per_s"]
+    bf16 = f", bf16 {peak['bf16']:.0f} GFLOP/s (OpenVINO)" if "bf16" in peak else ""
     print(f"threads {result['threads']}, {result['rounds']} interleaved rounds (median), load average "
           f"{', '.join(f'{x:.1f}' for x in result['load_average'])}; MatMul peak (ONNX Runtime, 1024^3): "
-          f"fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s")
+          f"fp32 {peak['fp32']:.0f} GFLOP/s, int8 {peak['int8']:.0f} GOP/s{bf16}; keyrank's CPU variant: "
+          f"{result.get('keyrank_cpu_variant', 'unknown')}")
     for workload, data in result["workloads"].items():
         print(f"\n{workload}: {data['pairs']} pairs, {data['queries']} queries")
-        print("| system | pairs/s | vs keyrank local | share of fp32 peak | Spearman vs keyrank |")
-        print("| --- | ---: | ---: | ---: | ---: |")
+        print("| system | pairs/s | vs keyrank local | vs fastest peer | share of fp32 peak | share of bf16 peak | Spearman vs keyrank |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, row in data["systems"].items():
             share = f"{row['share_of_peak']:.0%}" if "share_of_peak" in row else "-"
+            share16 = f"{row['share_of_bf16_peak']:.0%}" if "share_of_bf16_peak" in row else "-"
+            fastest = f"{row['vs_fastest_peer']:.2f}x" if "vs_fastest_peer" in row else "-"
             flag = "" if row["agrees"] else " **DISAGREES: another model?**"
-            print(f"| {name} | {row['pairs_per_s']:.1f} | {row['ratio']:.2f}x | {share} | {row['spearman_vs_keyrank']:.4f}{flag} |")
+            print(f"| {name} | {row['pairs_per_s']:.1f} | {row['ratio']:.2f}x | {fastest} | {share} | {share16} | "
+                  f"{row['spearman_vs_keyrank']:.4f}{flag} |")
     for name, why in result["missing"].items():
         print(f"not measured: {name}: {why}")

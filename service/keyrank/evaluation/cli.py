@@ -42,9 +42,13 @@ def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
 
 def scored_by(args: argparse.Namespace, settings: Settings) -> str:
     """What scored the sequences, for the report's header."""
+    from keyrank.prepare.variants import served_variant
+
     if args.scorer == "local":
-        return "ONNX Runtime in-process (--scorer local)"
-    return f"Triton {settings.triton_url or 'embedded (CPU)'}"
+        return f"the {served_variant(settings.model_dir)} CPU model in-process (--scorer local)"
+    if settings.triton_url:
+        return f"Triton {settings.triton_url}"
+    return f"the embedded Triton (CPU, its {served_variant(settings.model_dir)} model)"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare`; None = KEYRANK_MODEL_DIR (models)")
     p.add_argument("--triton-url", default=None, help="host:port of a running Triton (gRPC); unset = embedded CPU Triton")
     p.add_argument("--scorer", choices=("triton", "local"), default="triton",
-                   help="triton: the service's path (embedded or --triton-url); local: ONNX Runtime in-process (same scores, tested)")
+                   help="triton: the service's path (embedded or --triton-url); local: the same CPU model in-process (same scores, tested)")
     p.add_argument("--no-memo", action="store_true",
                    help="score every sequence every time (else each distinct sequence once per run; wall times then "
                         "favour systems that reuse another's windows, scored tokens do not change)")

@@ -3,7 +3,7 @@
     keyrank tune --qrels dev.qrels --docs docs.jsonl --queries dev.tsv [--run first-stage.run] --out tune
 
 Every candidate system ranks the dev queries through the real ``Reranker`` (the served model in
-``--model-dir``; ONNX Runtime in-process by default, the same scores as Triton). Quality is
+``--model-dir``, its CPU variant in-process by default, the same scores as Triton). Quality is
 nDCG@10 (ir-measures), cost is the tokens the cross-encoder reads per query. The winner is the
 cheapest system that is not measurably worse than the best one: its paired nDCG@10 difference to
 the best (95% bootstrap interval over queries) reaches 0; ``--prefer quality`` takes the best
