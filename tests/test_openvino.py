@@ -66,8 +66,8 @@ def _documents(seed: int, count: int, low: int = 200, high: int = 1200) -> list[
 
 def test_auto_serves_openvino_bf16_where_the_cpu_computes_bf16_and_the_gate_passes(auto_manifest, prepared_models):
     cpu = auto_manifest["cross_encoder"]["cpu"]
-    if not openvino.bf16_supported():
-        assert cpu["variant"] == "fused"
+    if not openvino.bf16_supported():  # OpenVINO in fp32: exact, 1.2x fused
+        assert cpu["variant"] == "openvino" and cpu["gate"]["max_abs_diff"] <= 1e-3 and "fallback" not in cpu
         return
     assert cpu["variant"] == variants.AUTO_BF16 == "openvino-bf16" and "fallback" not in cpu
     assert cpu["runtime"] == {"runtime": "openvino", "precision": "bf16"} and cpu["computed_in"] == "bf16"
@@ -180,17 +180,20 @@ def test_without_openvino_the_served_export_runs_on_onnxruntime_with_fp32_scores
     assert max(abs(a[i] - b[i]) for i in a) < 1e-4
 
 
-def test_auto_steps_down_to_fused_with_the_reason_when_the_gate_refuses_bf16(prepared_models, tmp_path, monkeypatch):
+def test_auto_steps_down_the_candidates_with_each_reason_when_the_gate_refuses(prepared_models, tmp_path, monkeypatch):
     out = _linked_copy(prepared_models, tmp_path / "models")
     real_check = variants.check
 
-    def refuse_bf16(variant, *args, **kwargs):
-        if variant == "openvino-bf16":
-            raise VariantRefused("CPU variant 'openvino-bf16' refused by the quality gate: mean Kendall tau 0.9 < 0.95", {})
+    def refuse_openvino(variant, *args, **kwargs):
+        if variant in variants.OPENVINO:
+            raise VariantRefused(f"CPU variant {variant!r} refused by the quality gate: mean Kendall tau 0.9 < 0.95", {"tau": 0.9})
         return real_check(variant, *args, **kwargs)
 
     monkeypatch.setattr(openvino, "bf16_supported", lambda: True)
-    monkeypatch.setattr(variants, "check", refuse_bf16)
+    monkeypatch.setattr(variants, "check", refuse_openvino)
+    assert variants.auto_candidates("bert") == ["openvino-bf16", "openvino", "fused"]
     cpu = prepare(str(CE_MODEL), out)["cross_encoder"]["cpu"]
-    assert cpu["variant"] == "fused" and cpu["fallback"].startswith("openvino-bf16: CPU variant 'openvino-bf16' refused")
+    assert cpu["variant"] == "fused"
+    assert cpu["fallback"].startswith("openvino-bf16: CPU variant 'openvino-bf16' refused")
+    assert "; openvino: CPU variant 'openvino' refused" in cpu["fallback"]
     assert json.loads((out / "triton-embedded/cross_encoder/1/runtime.json").read_text()) == {"runtime": "onnxruntime"}

@@ -118,8 +118,9 @@ def test_auto_serves_fused_where_it_passes_and_fp32_with_the_reason_elsewhere(fa
     from families import family_checkpoint
     from keyrank.scoring import openvino
 
-    # On a CPU without bfloat16 (auto's choice where it has it, openvino-bf16, is tests/test_openvino.py's).
-    monkeypatch.setattr(openvino, "bf16_supported", lambda: False)
+    # Without OpenVINO (auto's choices with it, openvino-bf16 and openvino, are tests/test_openvino.py's).
+    monkeypatch.setattr(openvino, "available", lambda: False)
+    assert variants.auto_candidates(family) == (["fused"] if family == "roberta" else [])
     manifest = prepare(str(family_checkpoint(family, tmp_path_factory)), tmp_path / "models", bi_encoder=None, atol=1e-4)
     cpu = manifest["cross_encoder"]["cpu"]
     served = (tmp_path / "models/triton-embedded/cross_encoder/1/model.onnx").read_bytes()

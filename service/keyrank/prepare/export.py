@@ -255,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "against fp32: fused = ONNX Runtime's transformer fusion (same scores); int8 = dynamic "
                              "per-channel int8 on it; int8-selective = int8 with the head and output projections kept fp32; "
                              "openvino-bf16 = the fp32 export on OpenVINO in bfloat16 (2x fused at 512 tokens where the CPU "
-                             "has bf16); openvino = the same in fp32; auto = openvino-bf16 where OpenVINO is installed and the "
-                             "CPU has bf16, else fused where the family has it, else fp32, each only if it passes (the reason "
-                             "for a step down in the manifest). "
+                             "has bf16); openvino = the same in fp32 (1.2x fused); auto = the first that passes of "
+                             "openvino-bf16 (a bf16 CPU), openvino (OpenVINO installed), fused (a fused family), else fp32 "
+                             "(the reason for each step down in the manifest). "
                              "A variant named here that fails the gate is refused (exit 2).")
     parser.add_argument("--gate-datasets", type=Path, default=DEFAULT_DATASETS,
                         help="Where the quality gate reads its real pairs (DL20, QMSum train); missing = the built-in check pairs.")

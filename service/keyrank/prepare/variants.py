@@ -38,14 +38,13 @@ log = logging.getLogger(__name__)
 VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective", "openvino", "openvino-bf16")
 """Every CPU variant `keyrank prepare --cpu-variant` can build, reference first."""
 AUTO = "auto"
-"""The default choice, the fastest that passes the gate (docs/PERFORMANCE.md, section 7): ``openvino-bf16``
-where OpenVINO is installed and the CPU computes bfloat16, else ``fused`` where the family is fused, else
-``fp32``; each step down with its reason in the manifest (``cpu.fallback``). A variant named explicitly
-is refused instead."""
+"""The default choice, the fastest that passes the gate (docs/PERFORMANCE.md, section 7): ``auto_candidates``
+in order, the first that passes, else ``fp32``; each step down with its reason in the manifest
+(``cpu.fallback``). A variant named explicitly is refused instead."""
 AUTO_CHOICE = "fused"
-"""What ``auto`` builds on a CPU without bfloat16 (or without OpenVINO)."""
+"""What ``auto`` builds without OpenVINO (where the family is fused)."""
 AUTO_BF16 = "openvino-bf16"
-"""What ``auto`` tries first where the CPU computes bfloat16: 2x fused on 512-token pairs."""
+"""What ``auto`` tries first where the CPU computes bfloat16: 2.1x fused on 512-token pairs here."""
 OPENVINO = {"openvino": "f32", "openvino-bf16": "bf16"}
 """The variants OpenVINO runs, and the precision each asks of it."""
 EXACT = frozenset({"fp32", "fused", "openvino"})
@@ -88,24 +87,20 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     optimizer guess from the graph, which misses the attention fusion of torch exports). Up to date (same variant, export and gate): nothing
     is redone. A refused variant leaves nothing behind and raises ``VariantRefused``."""
     if variant == AUTO:
-        from keyrank.scoring import openvino
-
-        if openvino.bf16_supported():
+        reasons, refused = [], None
+        for candidate in auto_candidates(ce_entry["family"]):
             try:
-                return prepare_cpu(out, ce_entry, fp32, gateway, AUTO_BF16, datasets, atol, force, heads)
-            except Exception as refused:  # refused by the gate: the ONNX Runtime choice below, the reason on record
-                log.warning("%s; trying %s", refused, AUTO_CHOICE)
-                entry, path = prepare_cpu(out, ce_entry, fp32, gateway, AUTO_CHOICE if ce_entry["family"] in FUSION_FAMILIES
-                                          else "fp32", datasets, atol, force, heads)
-                return {**entry, "fallback": f"{AUTO_BF16}: {refused}" + (f"; {entry['fallback']}" if "fallback" in entry else "")}, path
+                entry, path = prepare_cpu(out, ce_entry, fp32, gateway, candidate, datasets, atol, force, heads)
+            except Exception as exc:  # refused by the gate, or the build failed: the next one, the reason on record
+                log.warning("%s; trying the next CPU variant", exc)
+                reasons.append(f"{candidate}: {exc}")
+                refused = getattr(exc, "report", None)
+                continue
+            return ({**entry, "fallback": "; ".join(reasons)} if reasons else entry), path
         if ce_entry["family"] not in FUSION_FAMILIES:
-            return {"variant": "fp32", "gate": "reference", "fallback": f"no fusion for family {ce_entry['family']!r}"}, fp32
-        try:
-            return prepare_cpu(out, ce_entry, fp32, gateway, AUTO_CHOICE, datasets, atol, force, heads)
-        except Exception as refused:  # gate refused it or the optimizer failed: fp32 is served, the reason on record
-            log.warning("%s; serving fp32", refused)
-            return {"variant": "fp32", "gate": "reference", "fallback": f"{AUTO_CHOICE}: {refused}",
-                    "refused": getattr(refused, "report", None)}, fp32
+            reasons.append(f"no fusion for family {ce_entry['family']!r}")
+        return {"variant": "fp32", "gate": "reference", "fallback": "; ".join(reasons),
+                **({"refused": refused} if refused else {})}, fp32
     if variant == "fp32":
         return {"variant": "fp32", "gate": "reference"}, fp32
     key = {"variant": variant, "gate_version": GATE_VERSION, "of": ce_entry["fingerprint"], "atol": atol}
@@ -125,6 +120,20 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
         raise
     os.replace(tmp, target)
     return {**key, **made, "gate": report}, target
+
+
+def auto_candidates(family: str) -> list[str]:
+    """What ``auto`` tries, fastest first (measured on this project's 2-core AMD EPYC, 512-token pairs,
+    docs/PERFORMANCE.md section 7): ``openvino-bf16`` where the CPU computes bfloat16 (2.1x fused),
+    ``openvino`` where OpenVINO is installed (fp32, 1.2x fused), ``fused`` where the family is fused."""
+    from keyrank.scoring import openvino
+
+    candidates = [AUTO_BF16] if openvino.bf16_supported() else []
+    if openvino.available():
+        candidates.append("openvino")
+    if family in FUSION_FAMILIES:
+        candidates.append(AUTO_CHOICE)
+    return candidates
 
 
 def _prepare_openvino(variant: str, key: dict, old: dict, ce_entry: dict, fp32: Path, gateway: Path,
