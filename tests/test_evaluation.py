@@ -354,7 +354,10 @@ def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path, capsys
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results) == {"qmsum", "farrel", "farrel-bare"}
-    assert "scored by Triton embedded (CPU)" in (out / "report.md").read_text()
+    from keyrank.prepare.variants import served_variant
+
+    assert f"scored by the embedded Triton (CPU, its {served_variant(model_dir)} model)" in (out / "report.md").read_text()
+    assert served_variant(model_dir) != "unknown"
     for task in results.values():
         for name in ("firstp", "maxp", "keyb2-bm25"):
             s = task["systems"][name]
