@@ -89,6 +89,11 @@ def start_serve(models: Path, log: Path, **env: str) -> tuple[subprocess.Popen, 
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the server removes its work dir and shared memory), SIGKILL only if it does not exit."""
     if proc.poll() is None:
-        proc.kill()
-        proc.wait(10)
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

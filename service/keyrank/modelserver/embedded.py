@@ -32,6 +32,7 @@ from pathlib import Path
 
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
+from keyrank.modelserver import leftovers
 from keyrank.modelserver.admin import TritonAdmin
 from keyrank.modelserver.repository import write_served_repository
 from keyrank.modelserver.supervision import Supervisor
@@ -108,21 +109,23 @@ class EmbeddedTriton:
         self.metrics_port: int = ports[2]
         """Loopback Prometheus port of Triton itself."""
         self._own_work_dir = work_dir is None
-        self.work_dir: Path = Path(work_dir or tempfile.mkdtemp(prefix="keyrank-triton-"))
+        if self._own_work_dir:  # what processes killed outright left behind (leftovers.py)
+            leftovers.sweep(Path(tempfile.gettempdir()))
+        self.work_dir: Path = Path(work_dir or tempfile.mkdtemp(prefix=leftovers.WORK_DIR_PREFIX))
         """Private directory: backends/ and the log."""
+        # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
+        # killed server leaves behind can be removed.
+        self._shm_prefix = f"keyrank_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self._owner_fd = leftovers.claim(self.work_dir, self._shm_prefix) if self._own_work_dir else None
         if served:  # one repository in the work dir, an entry per model under its name
             self.repository = self.work_dir / "repository"
             try:
                 write_served_repository(self.repository, served, default)
             except FileNotFoundError as exc:
-                if self._own_work_dir:
-                    shutil.rmtree(self.work_dir, ignore_errors=True)
+                self._remove_work_dir()
                 raise ModelAssetsMissing(str(exc)) from None
         self.log_path: Path = self.work_dir / "tritonserver.log"
         """stdout + stderr of the server and of its Python backend stubs."""
-        # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
-        # killed server leaves behind can be removed.
-        self._shm_prefix = f"keyrank_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.server_id: str = f"keyrank-{os.getpid()}-{secrets.token_hex(6)}"
         """``--id`` of the server, reported by GET /v2: the ready probe checks it is ours."""
         self.admin_key: str = secrets.token_urlsafe(24)
@@ -377,8 +380,14 @@ class EmbeddedTriton:
         """Stop the supervisor and the server, remove the private work dir (if we made it); idempotent."""
         atexit.unregister(self.close)
         self.stop()
+        self._remove_work_dir()
+
+    def _remove_work_dir(self) -> None:
         if self._own_work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)
+        if self._owner_fd is not None:  # let go of the owner lock only once the dir is gone
+            os.close(self._owner_fd)
+            self._owner_fd = None
 
     @staticmethod
     def _signal_group(pgid: int, sig: signal.Signals) -> None:
