@@ -109,14 +109,15 @@ class EmbeddedTriton:
         self.metrics_port: int = ports[2]
         """Loopback Prometheus port of Triton itself."""
         self._own_work_dir = work_dir is None
-        if self._own_work_dir:  # what processes killed outright left behind (leftovers.py)
-            leftovers.sweep(Path(tempfile.gettempdir()))
+        leftovers.sweep(Path(tempfile.gettempdir()))  # what processes killed outright left behind (leftovers.py)
         self.work_dir: Path = Path(work_dir or tempfile.mkdtemp(prefix=leftovers.WORK_DIR_PREFIX))
         """Private directory: backends/ and the log."""
         # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
-        # killed server leaves behind can be removed.
+        # killed server leaves behind can be removed; the owner lock says while we live (a work dir
+        # of the caller's gets a lock dir of its own, which the caller's dir never is swept with).
         self._shm_prefix = f"keyrank_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
-        self._owner_fd = leftovers.claim(self.work_dir, self._shm_prefix) if self._own_work_dir else None
+        self._owner_dir = self.work_dir if self._own_work_dir else Path(tempfile.mkdtemp(prefix=leftovers.WORK_DIR_PREFIX))
+        self._owner_fd: int | None = leftovers.claim(self._owner_dir, self._shm_prefix)
         if served:  # one repository in the work dir, an entry per model under its name
             self.repository = self.work_dir / "repository"
             try:
@@ -383,8 +384,7 @@ class EmbeddedTriton:
         self._remove_work_dir()
 
     def _remove_work_dir(self) -> None:
-        if self._own_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+        shutil.rmtree(self._owner_dir, ignore_errors=True)  # the work dir if ours, else the lock dir
         if self._owner_fd is not None:  # let go of the owner lock only once the dir is gone
             os.close(self._owner_fd)
             self._owner_fd = None
