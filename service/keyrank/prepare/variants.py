@@ -281,19 +281,10 @@ def _feeds(text_tokenizer, template, query: str, docs: list[str]) -> dict[str, n
 
 
 def scores(path: Path, groups: list[GateGroup], threads: int = 0, runtime: dict | None = None) -> list[np.ndarray]:
-    """The logits of every group under one session (the serving session options, or OpenVINO's as served)."""
-    if (runtime or {}).get("runtime") == "openvino":
-        from keyrank.scoring.openvino import OpenVinoSession
+    """The logits of every group under one session, opened as the served model is (``runtime``)."""
+    from keyrank.scoring.local import open_session
 
-        session = OpenVinoSession(path, precision=runtime["precision"], threads=threads)
-        names = set(session.input_names)
-    else:
-        from keyrank.scoring.local import session_options
-
-        import onnxruntime as ort
-
-        session = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
-        names = {i.name for i in session.get_inputs()}
+    session, names, _ = open_session(path, threads=threads, runtime=runtime)
     out = []
     for group in groups:
         chunk = [session.run(["logits"], {k: v[i:i + 8] for k, v in group.feeds.items() if k in names})[0]

@@ -73,23 +73,9 @@ class LocalScorer(InProcessScorer):
         runtime: dict | None = None,
     ) -> None:
         super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple)
-        self.runtime: dict = dict(runtime or {"runtime": "onnxruntime"})
-        """Which runtime runs the model (and in what precision), as asked and as found here."""
-        if self.runtime["runtime"] == "openvino" and "CPUExecutionProvider" in providers and _openvino_here(onnx_path):
-            from keyrank.scoring.openvino import OpenVinoSession
-
-            self.session = OpenVinoSession(onnx_path, precision=self.runtime.get("precision", "f32"), threads=threads)
-            self.runtime["precision"] = self.session.precision
-        else:
-            import onnxruntime as ort
-
-            self.session = ort.InferenceSession(str(onnx_path), session_options(threads), providers=list(providers))
-            self.runtime = {"runtime": "onnxruntime"}
-        """The ONNX Runtime session (or an ``OpenVinoSession``, which runs alike)."""
-        self.input_names: tuple[str, ...] = (
-            self.session.input_names if self.runtime["runtime"] == "openvino" else tuple(i.name for i in self.session.get_inputs())
-        )
-        """Inputs the graph declares (all three for exports of `keyrank prepare`)."""
+        self.session, self.input_names, self.runtime = open_session(onnx_path, threads=threads, runtime=runtime, providers=providers)
+        """The ONNX Runtime session (or an ``OpenVinoSession``, which runs alike); the inputs the graph
+        declares (all three for exports of `keyrank prepare`); which runtime runs it, as found here."""
 
     def run_batch(self, batch: Batch, want_pooled: bool) -> tuple[np.ndarray, np.ndarray | None]:
         feeds = {k: v for k, v in batch.feeds().items() if k in self.input_names}
@@ -102,6 +88,22 @@ class LocalScorer(InProcessScorer):
 
     async def close(self) -> None:
         self.session = None  # type: ignore[assignment]
+
+
+def open_session(path: str | Path, *, threads: int = 0, runtime: dict | None = None,
+                 providers: Sequence[str] = ("CPUExecutionProvider",)) -> tuple[object, tuple[str, ...], dict]:
+    """The session of a served CPU model as ``runtime`` asks (``runtime.json``; ONNX Runtime when None),
+    for the in-process scorer and the prepare-time gate alike: (session, its input names, the runtime
+    and precision it runs in here)."""
+    if (runtime or {}).get("runtime") == "openvino" and "CPUExecutionProvider" in providers and _openvino_here(path):
+        from keyrank.scoring.openvino import OpenVinoSession
+
+        session = OpenVinoSession(path, precision=runtime.get("precision", "f32"), threads=threads)
+        return session, session.input_names, {"runtime": "openvino", "precision": session.precision}
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), session_options(threads), providers=list(providers))
+    return session, tuple(i.name for i in session.get_inputs()), {"runtime": "onnxruntime"}
 
 
 def _openvino_here(onnx_path: str | Path) -> bool:
