@@ -5,8 +5,6 @@ them, any HF reranker head, and a second run that re-exports nothing."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from keyrank.prepare import cross_encoder as onnx_export
 from keyrank.prepare import export
 from keyrank.prepare.export import ExportMismatch, prepare
 from keyrank.modelserver.repository import triton_config
-from shared_data import CE_MODEL, DATASETS
+from shared_data import CE_MODEL, DATASETS, linked_copy
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from tritonclient.grpc import model_config_pb2
 
@@ -183,15 +181,9 @@ def test_tensorrt_fp16_adds_the_accelerator_with_a_profile_up_to_the_max_batch_a
     assert "token_type_ids:1x1" in accelerator.parameters["trt_profile_min_shapes"]
 
 
-def _linked_copy(src: Path, dst: Path) -> Path:
-    """A private copy of a prepared tree that costs no disk: big files are hard links (prepare
-    replaces files by rename, so it never writes through a link into the original)."""
-    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__", ".prepare.lock"))
-    return dst
-
 
 def test_second_prepare_reexports_nothing_and_takes_under_a_few_seconds(prepared_models, tmp_path):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     onnx_files = [out / "triton/cross_encoder/1/model.onnx", out / "gateway/bi_encoder/model.onnx"]
     before = [f.stat().st_ino for f in onnx_files]
     started = time.perf_counter()
@@ -203,7 +195,7 @@ def test_second_prepare_reexports_nothing_and_takes_under_a_few_seconds(prepared
 
 
 def test_changed_serving_options_rewrite_only_the_configs(prepared_models, tmp_path):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     onnx = out / "triton/cross_encoder/1/model.onnx"
     inode = onnx.stat().st_ino
     prepare(str(CE_MODEL), out, tensorrt_fp16=True, embedded_instances=2, max_batch_size=32, cpu_variant="fused")
@@ -217,7 +209,7 @@ def test_changed_serving_options_rewrite_only_the_configs(prepared_models, tmp_p
 
 
 def test_no_bi_encoder_removes_it_and_says_so_in_the_manifest(prepared_models, tmp_path):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     manifest = prepare(str(CE_MODEL), out, bi_encoder=None)
     assert manifest["bi_encoder"] is None
     assert not (out / "gateway/bi_encoder").exists()
@@ -281,7 +273,7 @@ def test_an_onnx_graph_off_by_more_than_atol_is_refused():
 
 
 def test_cli_reports_the_diffs_and_sizes(prepared_models, tmp_path, capsys):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     assert export.main(["--model", str(CE_MODEL), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "cross_encoder:" in printed and "bi_encoder:" in printed and "MB" in printed

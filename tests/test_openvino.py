@@ -8,9 +8,7 @@ Real parts only: the real cross-encoder, OpenVINO, a real tritonserver, real gRP
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from keyrank.prepare import variants
-from keyrank.prepare.export import LOCK_NAME, prepare
+from keyrank.prepare.export import prepare
 from keyrank.prepare.variants import VariantRefused
 from keyrank.scoring import openvino
 from process_tree import stubs_of
-from shared_data import CE_MODEL
+from shared_data import CE_MODEL, linked_copy
 
 pytestmark = pytest.mark.skipif(not openvino.available(), reason="OpenVINO not installed (pip install 'keyrank[embedded]')")
 
@@ -30,21 +28,17 @@ QUERY = "who chaired the budget meeting"
 WORDS = "the committee met again to discuss the budget and the roads while the mayor chaired".split()
 
 
-def _linked_copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__", LOCK_NAME))
-    return dst
-
 
 @pytest.fixture(scope="module")
 def auto_manifest(prepared_models, tmp_path_factory) -> dict:
     """What `keyrank prepare`'s default (``--cpu-variant auto``) chose on this machine."""
-    out = _linked_copy(prepared_models, tmp_path_factory.mktemp("auto") / "models")
+    out = linked_copy(prepared_models, tmp_path_factory.mktemp("auto") / "models")
     return prepare(str(CE_MODEL), out)
 
 
 @pytest.fixture(scope="module")
 def ov_models(prepared_models, tmp_path_factory) -> Path:
-    out = _linked_copy(prepared_models, tmp_path_factory.mktemp("openvino") / "models")
+    out = linked_copy(prepared_models, tmp_path_factory.mktemp("openvino") / "models")
     prepare(str(CE_MODEL), out, cpu_variant="openvino-bf16")
     return out
 
@@ -182,7 +176,7 @@ def test_without_openvino_the_served_export_runs_on_onnxruntime_with_fp32_scores
 
 
 def test_auto_steps_down_the_candidates_with_each_reason_when_the_gate_refuses(prepared_models, tmp_path, monkeypatch):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     real_check = variants.check
 
     def refuse_openvino(variant, *args, **kwargs):

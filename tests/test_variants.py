@@ -4,8 +4,6 @@ that refuses a variant with its numbers, and a failed `keyrank prepare` that lea
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +12,8 @@ import pytest
 from keyrank.prepare import export, variants
 from keyrank.prepare.export import LOCK_NAME, prepare
 from keyrank.prepare.variants import VariantRefused
-from shared_data import CE_MODEL
+from shared_data import CE_MODEL, linked_copy
 
-
-def _linked_copy(src: Path, dst: Path) -> Path:
-    """A private copy of a prepared tree whose big files are hard links (prepare replaces by rename)."""
-    shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__", LOCK_NAME))
-    return dst
 
 
 def test_the_gate_holds_exact_variants_to_atol_and_int8_to_ranking_agreement():
@@ -72,7 +65,7 @@ def test_both_cpu_paths_load_the_fused_model_whose_scores_equal_fp32(prepared_mo
 
 
 def test_naive_int8_is_refused_with_its_numbers_and_nothing_of_it_is_served_or_left(prepared_models, tmp_path):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     served = (out / "triton-embedded/cross_encoder/1/model.onnx").read_bytes()
     manifest_before = (out / "gateway/manifest.json").read_text()
     # The built-in pairs (no datasets): 5 queries x 5 real passages; naive int8 measured tau 0.88 on them.
@@ -97,7 +90,7 @@ def test_a_failed_prepare_into_a_new_folder_leaves_no_folder_and_no_lock(tmp_pat
 
 
 def test_a_successful_prepare_leaves_no_lock_file(prepared_models, tmp_path):
-    out = _linked_copy(prepared_models, tmp_path / "models")
+    out = linked_copy(prepared_models, tmp_path / "models")
     prepare(str(CE_MODEL), out)
     assert not (out / LOCK_NAME).exists()
 
