@@ -25,7 +25,8 @@ def _run(folder: Path, per_query: dict[str, dict[str, float]], far: dict[str, fl
     if far:
         results["farrel"] = {"queries": 2, "candidates_per_query": 10.0, "buckets": {"0": 1, "3072": 1},
                              "random": {"metrics": {"nDCG@10": 0.4}, "by_bucket": {"0": {"nDCG@10": 0.4}, "3072": {"nDCG@10": 0.4}}},
-                             "systems": {"keyb2-bm25": _system(0.6, far)}}
+                             "systems": {"keyb2-bm25": {**_system(0.6, far), "psi_noise": {
+                                 "psi": 0.5, "interval": [0.3, 0.7], "blind_median": 0.08, "blind_95": 0.12, "p": 0.001}}}}
         results["farrel-bare"] = {"queries": 1, "candidates_per_query": 10.0, "buckets": {"bare": 1},
                                   "random": {"metrics": {"nDCG@10": 0.4}, "by_bucket": {"bare": {"nDCG@10": 0.4}}},
                                   "systems": {"keyb2-bm25": _system(0.8, {"bare": 0.8})}}
@@ -52,6 +53,6 @@ def test_tables_diffs_and_bare_ratios_come_from_the_run_folders(tmp_path, capsys
     assert "| maxp | base | 0.600 |" in out and "| keyb2-bm25 | ft | 0.750 |" in out
     assert "| ft:keyb2-bm25 - base:maxp | +0.150 |" in out
     # far-relevant: 0.8 / 0.8 at offset 0, 0.4 / 0.8 at 3072; the worst offset is the verdict
-    assert "| keyb2-bm25 | ft | 0.800 | 1.00 | 0.50 | 0.50 |" in out
+    assert "| keyb2-bm25 | ft | 0.800 | 1.00 | 0.50 | 0.50 | 0.500 [0.300, 0.700] | 0.120 | 0.001 |" in out
     with pytest.raises(SystemExit, match="no system 'parade-attn'"):
         main([f"base={base}", "--diff", "base:parade-attn", "base:maxp"])

@@ -167,6 +167,22 @@ def test_far_relevant_subsample_keeps_whole_topics_at_every_offset(tokenizer):
     assert {q.meta["topic"] for q in bare} == topics
 
 
+def test_far_relevant_constructions_draw_other_inserts_under_their_own_ids(tokenizer):
+    one = tasks.build("farrel", DATA, tokenizer, seed=1, max_queries=10)
+    two = tasks.build("farrel", DATA, tokenizer, seed=1, max_queries=10, constructions=2)
+    assert [q.qid for q in one] == [q.qid.removesuffix("#1") for q in two[:10]] and "#" not in one[0].qid
+    assert len(two) == 20 and len({q.qid for q in two}) == 20
+    assert {q.meta["construction"] for q in two} == {1, 2}
+    # the first construction is the single run's, the second draws other inserts for the same topics and offsets
+    assert [q.candidates for q in two[:10]] == [q.candidates for q in one]
+    assert {(q.meta["topic"], q.bucket) for q in two[10:]} == {(q.meta["topic"], q.bucket) for q in one}
+    assert all(a.candidates != b.candidates for a, b in zip(two[:10], two[10:]))
+    bare = tasks.build("farrel-bare", DATA, tokenizer, seed=1, max_queries=10, constructions=2)
+    assert len(bare) == 4 and {q.qid.rpartition("#")[2] for q in bare} == {"1", "2"}
+    with pytest.raises(ValueError, match="constructions must be >= 1"):
+        tasks.build("farrel", DATA, tokenizer, seed=1, max_queries=10, constructions=0)
+
+
 # --- QMSum ----------------------------------------------------------------------------------------------
 
 def test_segments_are_balanced_and_never_split_a_turn():
@@ -250,6 +266,41 @@ def test_psi_is_one_minus_min_over_max():
     assert report.psi({"a": 0.7, "b": 0.7}) == 0.0
     assert report.psi({"a": 0.0, "b": 0.0}) == 0.0
     assert report.psi({"a": 0.3}) is None
+
+
+def _grouped(value, topics: int = 30, constructions: int = 2) -> tuple[list[EvalQuery], dict]:
+    """Far-relevant-shaped queries (topic x construction x offset) with nDCG@10 = value(topic, construction, offset)."""
+    queries, values = [], {}
+    for t in range(topics):
+        for c in range(constructions):
+            for b in ("0", "1024", "3072"):
+                qid = f"t{t}@{b}#{c}"
+                queries.append(EvalQuery(qid, "x", [Candidate("d", "t")], {"d": 1}, bucket=b,
+                                         meta={"topic": f"t{t}", "construction": c}))
+                values[qid] = {"nDCG@10": value(t, c, b)}
+    return queries, values
+
+
+def test_psi_noise_tells_a_position_effect_from_noise():
+    rng = np.random.default_rng(5)
+    noise = {(t, c, b): float(rng.random() < 0.7) for t in range(30) for c in range(2) for b in ("0", "1024", "3072")}
+    blind = report.psi_uncertainty(*_grouped(lambda t, c, b: noise[t, c, b]), "nDCG@10")
+    # a position-blind system still shows a PSI on 60 groups; it is inside what shuffling the buckets gives
+    assert blind["groups"] == 60 and blind["topics"] == 30
+    assert blind["interval"][0] <= blind["psi"] <= blind["interval"][1]
+    assert blind["psi"] <= blind["blind_95"] and blind["p"] > 0.05
+    # the same noise, plus a loss at the deepest offset: far above the blind level, p ~ 0
+    shifted = report.psi_uncertainty(*_grouped(lambda t, c, b: noise[t, c, b] * (0.6 if b == "3072" else 1.0)), "nDCG@10")
+    assert shifted["psi"] > shifted["blind_95"] and shifted["p"] < 0.01
+    assert shifted["psi"] == pytest.approx(report.psi({b: np.mean([noise[k] * (0.6 if b == "3072" else 1.0)
+                                                                   for k in noise if k[2] == b]) for b in ("0", "1024", "3072")}))
+    # a system that scores every offset alike has PSI 0 and nothing to test
+    flat = report.psi_uncertainty(*_grouped(lambda t, c, b: 0.5 + 0.01 * t), "nDCG@10")
+    assert flat["psi"] == 0.0 and flat["interval"] == [0.0, 0.0] and flat["p"] == 1.0
+    # not grouped by topic (QMSum, SQuAD), or a group missing a bucket: no test
+    queries, values = _grouped(lambda t, c, b: 1.0)
+    assert report.psi_uncertainty(queries[:-1], values, "nDCG@10") is None
+    assert report.psi_uncertainty(_tiny()[0], {"q1": {"nDCG@10": 1}, "q2": {"nDCG@10": 1}, "q3": {"nDCG@10": 1}}, "nDCG@10") is None
 
 
 # --- metrics plumbing ------------------------------------------------------------------------------------
@@ -368,6 +419,9 @@ def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path, capsys
     assert far["keyb2-bm25"]["cost"]["sequences_per_document"] == pytest.approx(1.0)
     assert far["maxp"]["cost"]["sequences_per_document"] >= 4
     assert far["keyb2-bm25"]["evidence"]["documents"] == 2
+    # PSI comes with its noise level: one topic, one construction, two offsets
+    assert far["keyb2-bm25"]["psi_noise"]["groups"] == 1 and results["qmsum"]["systems"]["maxp"]["psi_noise"] is None
+    assert "- keyb2-bm25: PSI(nDCG@10)" in (out / "report.md").read_text()
     runs = json.loads((out / "runs" / "farrel.json").read_text())["runs"]
     assert all(len(r["scores"]) == 3 for r in runs["maxp"])
     assert (out / "farrel_quality_vs_cost.png").exists() and (out / "farrel_block_positions.png").exists()

@@ -76,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--distractors", type=int, default=farrelevant.DISTRACTORS, help="far-relevant filler-only documents per ranking")
     p.add_argument("--filler", choices=farrelevant.FILLERS, default="other-topics",
                    help="far-relevant filler: other queries' non-relevant passages, or the query's own (hard variant)")
+    p.add_argument("--constructions", type=int, default=1,
+                   help="far-relevant: draws of inserts and filler per topic (seeds --seed, --seed+1, ...); "
+                        "5 gives 135 rankings per offset on the held-back topics instead of 27")
     p.add_argument("--dl20-topics", choices=("held-back", "train", "all"), default="held-back",
                    help="far-relevant topics: the ones finetune never trains on (reported), its training ones, or all")
     add_trec_arguments(p, lead="trec task: ")
@@ -150,7 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries = {
             t: tasks.build(t, args.data_dir, tokenizer, split=args.split, seed=args.seed, max_queries=args.max_queries,
                            segment_tokens=args.segment_tokens, offsets=offsets, distractors=args.distractors,
-                           filler=args.filler, dl20_topics=args.dl20_topics, trec=trec)
+                           filler=args.filler, dl20_topics=args.dl20_topics, trec=trec,
+                           constructions=args.constructions)
             for t in task_names
         }
     except ValueError as exc:
@@ -173,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": command, "seed": args.seed, "split": args.split, "tasks": task_names,
         "systems": [s.name for s in systems_], "max_queries": args.max_queries,
         "segment_tokens": args.segment_tokens, "offsets": offsets, "distractors": args.distractors, "filler": args.filler, "dl20_topics": args.dl20_topics,
+        "constructions": args.constructions,
         "concurrency": args.concurrency, "model_dir": str(settings.model_dir), "scorer": args.scorer, "memo": not args.no_memo,
         "triton_url": settings.triton_url, "build_s": build_s, "run_s": run_s,
     }, indent=2))

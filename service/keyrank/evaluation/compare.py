@@ -101,12 +101,17 @@ def task_table(runs: Sequence[Run], task: str, measures: Sequence[str] = ("nDCG@
             ratio = bare_ratios(run, name, measures[0]) if task == "farrel" else None
             if ratio:
                 ceiling = run.results["farrel-bare"]["systems"][name]["metrics"][measures[0]]
+                noise = s.get("psi_noise")
                 ratios.append(f"| {name} | {run.label} | {_f(ceiling)} | " + " | ".join(_f(ratio.get(b), 2) for b in buckets)
-                              + f" | {_f(min(ratio.values()), 2)} |")
+                              + f" | {_f(min(ratio.values()), 2)} | " + (
+                                  f"{noise['psi']:.3f} [{noise['interval'][0]:.3f}, {noise['interval'][1]:.3f}] | "
+                                  f"{noise['blind_95']:.3f} | {noise['p']:.3f} |" if noise else "- | - | - |"))
     if ratios:
-        lines += ["", f"{measures[0]} at each offset as a share of the same system's bare ceiling:", "",
-                  "| system | scorer | bare ceiling | " + " | ".join(buckets) + " | worst |",
-                  "|" + " --- |" * (len(buckets) + 4), *ratios]
+        lines += ["", f"{measures[0]} at each offset as a share of the same system's bare ceiling, and PSI with its "
+                  "95% interval over topics beside what a position-blind system scores with the same noise "
+                  "(95th percentile of bucket shuffles; p = share of shuffles at or above the PSI):", "",
+                  "| system | scorer | bare ceiling | " + " | ".join(buckets) + " | worst | PSI [95%] | blind 95th | p |",
+                  "|" + " --- |" * (len(buckets) + 7), *ratios]
     return "\n".join(lines) + "\n"
 
 

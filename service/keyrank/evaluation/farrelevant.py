@@ -296,10 +296,11 @@ def _ranking(qid: str, query: str, docs: list[Candidate], seed: int, bucket: str
              spans: list[tuple[int, int]]) -> EvalQuery:
     """Shuffle the candidates and give them opaque ids, so neither order nor id reveals the target.
 
-    ``spans``: each document's insert, kept in ``meta["inserts"]`` by doc id."""
+    ``spans``: each document's insert, kept in ``meta["inserts"]`` by doc id; ``meta["construction"]`` is the
+    seed that drew inserts and filler (PSI's noise is measured within one construction, report.py)."""
     order = list(range(len(docs)))
     query_rng(seed, qid).shuffle(order)
     candidates = [Candidate(f"d{slot:02d}", docs[i].text, docs[i].evidence) for slot, i in enumerate(order)]
     target = candidates[order.index(0)].doc_id
-    meta = {**meta, "inserts": {c.doc_id: list(spans[i]) for c, i in zip(candidates, order)}}
+    meta = {**meta, "construction": seed, "inserts": {c.doc_id: list(spans[i]) for c, i in zip(candidates, order)}}
     return EvalQuery(qid=qid, query=query, candidates=candidates, qrels={target: 1}, bucket=bucket, meta=meta)

@@ -27,6 +27,8 @@ POSITION_BINS = 20
 """Bins of the relative-position histogram of selected blocks (KeyB2 Figure 10)."""
 RANDOM_DRAWS = 20
 """Random orderings averaged for the chance level (one draw is too noisy on a small sample)."""
+PSI_RESAMPLES = 2000
+"""Bootstrap resamples and bucket shuffles behind PSI's interval and its position-blind level."""
 
 
 def per_query(queries: Sequence[EvalQuery], runs: Sequence[QueryRun],
@@ -74,6 +76,45 @@ def psi(by_bucket: dict[str, float]) -> float | None:
         return None
     top = max(values)
     return 0.0 if top == 0 else 1.0 - min(values) / top
+
+
+def psi_uncertainty(queries: Sequence[EvalQuery], values: dict[str, dict[str, float]], measure: str, *,
+                    seed: int = 0, resamples: int = PSI_RESAMPLES) -> dict | None:
+    """How much of a PSI is noise, where every bucket holds the same material (far-relevant).
+
+    Rankings are grouped by (topic, construction), one per bucket: the same
+    inserts and filler, moved. ``interval``: PSI's 2.5 / 97.5 percentiles with
+    topics resampled (their constructions together). ``blind``: PSI of a
+    position-blind system with this noise, the buckets shuffled within each
+    group (a permutation test); its median and 95th percentile, and ``p``, the
+    share of shuffles at or above the observed PSI. None when the queries are
+    not grouped by topic or a group lacks a bucket."""
+    buckets = sorted({q.bucket for q in queries}, key=bucket_order)
+    if len(buckets) < 2 or any("topic" not in q.meta for q in queries):
+        return None
+    groups: dict[tuple, dict[str, float]] = {}
+    for q in queries:
+        groups.setdefault((q.meta["topic"], q.meta.get("construction", 0)), {})[q.bucket] = values[q.qid][measure]
+    if any(len(g) != len(buckets) for g in groups.values()):
+        return None
+    keys = sorted(groups)
+    table = np.array([[groups[k][b] for b in buckets] for k in keys])
+    topics = sorted({k[0] for k in keys})
+    rows_of = [np.array([i for i, k in enumerate(keys) if k[0] == t]) for t in topics]
+
+    def index(means: np.ndarray) -> float:
+        top = means.max()
+        return 0.0 if top == 0 else float(1.0 - means.min() / top)
+
+    rng = np.random.default_rng(seed)
+    observed = index(table.mean(axis=0))
+    boot = [index(table[np.concatenate([rows_of[t] for t in rng.integers(0, len(topics), len(topics))])].mean(axis=0))
+            for _ in range(resamples)]
+    blind = np.array([index(rng.permuted(table, axis=1).mean(axis=0)) for _ in range(resamples)])
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return {"psi": observed, "interval": [float(low), float(high)], "blind_median": float(np.median(blind)),
+            "blind_95": float(np.percentile(blind, 95)), "p": float(np.mean(blind >= observed - 1e-12)),
+            "groups": len(keys), "topics": len(topics)}
 
 
 def covered_share(evidence: Sequence[tuple[int, int]], returned: Sequence[tuple[int, ...]]) -> float:
@@ -165,6 +206,7 @@ def summarize_system(queries: Sequence[EvalQuery], runs: Sequence[QueryRun],
         "metrics": {m: float(np.mean([values[q.qid][m] for q in queries])) for m in measures},
         "by_bucket": by_bucket,
         "psi": {m: psi({b: by_bucket[b][m] for b in buckets}) for m in measures},
+        "psi_noise": psi_uncertainty(queries, values, measures[0]),
         "cost": cost(runs, float(np.mean([len(q.candidates) for q in queries]))),
         "evidence": evidence_stats(queries, runs),
         "positions": block_positions(queries, runs),
@@ -227,7 +269,18 @@ def markdown(task_report: dict) -> str:
                   "| random (expected) | " + " | ".join(_fmt(rnd["by_bucket"][b][measures[0]]) for b in buckets) + " |"]
         for name, s in task_report["systems"].items():
             lines.append(f"| {name} | " + " | ".join(_fmt(s["by_bucket"][b][measures[0]]) for b in buckets) + " |")
+        noise = [psi_line(name, s["psi_noise"], measures[0]) for name, s in task_report["systems"].items() if s.get("psi_noise")]
+        if noise:
+            lines += ["", *noise]
     return "\n".join(lines) + "\n"
+
+
+def psi_line(system: str, noise: dict, measure: str) -> str:
+    """One sentence on how far a PSI stands above what noise alone gives (psi_uncertainty)."""
+    return (f"- {system}: PSI({measure}) {noise['psi']:.3f}, 95% interval [{noise['interval'][0]:.3f}, "
+            f"{noise['interval'][1]:.3f}] over {noise['topics']} topics; a position-blind system with this noise "
+            f"scores {noise['blind_median']:.3f} (median), <= {noise['blind_95']:.3f} in 95% of bucket shuffles; "
+            f"p = {noise['p']:.3f}")
 
 
 def write(out_dir: Path, reports: dict[str, dict], runs: dict[str, dict[str, list[QueryRun]]],

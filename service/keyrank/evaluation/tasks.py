@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from keyrank.evaluation import farrelevant, qmsum, squad
@@ -45,11 +46,16 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
           max_queries: int | None = None, segment_tokens: int = qmsum.SEGMENT_TOKENS,
           offsets: tuple[int, ...] = farrelevant.OFFSETS,
           distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics",
-          dl20_topics: str = "held-back", trec: TrecFiles | None = None) -> list[EvalQuery]:
+          dl20_topics: str = "held-back", trec: TrecFiles | None = None, constructions: int = 1) -> list[EvalQuery]:
     """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries.
 
     ``dl20_topics``: ``held-back`` (default: the topics `keyrank finetune` never trains on,
-    training/splits.py), ``train`` or ``all``."""
+    training/splits.py), ``train`` or ``all``. ``constructions`` (far-relevant only): that many
+    draws of inserts and filler per topic, seeds ``seed`` .. ``seed + constructions - 1``, each
+    ranking's id suffixed ``#<seed>`` when there is more than one; 27 rankings per offset bucket
+    leave per-offset means and PSI too noisy to tell 0.05 from 0.1 (docs/EVALUATION.md)."""
+    if constructions < 1:
+        raise ValueError(f"constructions must be >= 1, got {constructions}")
     if task == "qmsum":
         queries = qmsum.build(data_dir, tokenizer, split=split, seed=seed, segment_tokens=segment_tokens)
     elif task in ("farrel", "farrel-bare"):
@@ -58,10 +64,15 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
         topics = set(pool)
         if max_queries is not None:
             topics = subsample_topics(pool, max(1, max_queries // len(offsets)), seed)
-        if task == "farrel":
-            return farrelevant.build(data_dir, tokenizer, seed=seed, offsets=offsets, distractors=distractors,
-                                     filler=filler, topics=topics)
-        return farrelevant.build_bare(data_dir, tokenizer, seed=seed, distractors=distractors, topics=topics)
+        built = []
+        for s in range(seed, seed + constructions):
+            if task == "farrel":
+                one = farrelevant.build(data_dir, tokenizer, seed=s, offsets=offsets, distractors=distractors,
+                                        filler=filler, topics=topics)
+            else:
+                one = farrelevant.build_bare(data_dir, tokenizer, seed=s, distractors=distractors, topics=topics)
+            built += one if constructions == 1 else [replace(q, qid=f"{q.qid}#{s}") for q in one]
+        return built
     elif task == "squad":
         queries = squad.build(data_dir, seed=seed)
     elif task == "trec":
