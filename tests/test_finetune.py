@@ -225,6 +225,28 @@ def test_any_prepared_model_with_any_strategy_can_teach(toy):
             expected = {q.doc_ids[r.index]: r.score for r in served.rank(q.query, list(q.texts), strategy="parade-avg").results}
             assert row["scores"] == pytest.approx(expected, abs=1e-5)
 
+    # A student read another way (two keyb2 passes) learns from the same windows teacher: its cache is read, not refilled.
+    before = cache.stat().st_mtime_ns
+    again = finetune(model=str(toy["model"]), out=toy["root"] / "taught-k2", strategy="keyb2", selector="bm25",
+                     trec=TrecFiles(*toy["trec"]), max_queries=3, distill=1.0, teacher=teacher, teacher_strategy="parade-avg",
+                     epochs=1, progress=False, threads=2, dev_max_queries=1, cache_dir=result.out / "cache",
+                     settings={"keyb2_passes": 2})
+    assert again.finished and cache.stat().st_mtime_ns == before
+    assert [p.name for p in (result.out / "cache").glob("teacher-*")] == [cache.name]
+
+
+def test_a_windows_teachers_cache_is_named_without_keyb2s_selection_settings():
+    from keyrank.config import Settings
+    from keyrank.training.cache import cache_key, shaping
+
+    def key(strategy: str, **overrides) -> str:
+        return cache_key("fp", shaping(Settings(**overrides).model_dump(exclude={"model_dir", "api_key"}), strategy), "t")
+
+    assert key("maxp") == key("maxp", keyb2_passes=2) == key("maxp", bm25_idf="request", block_max_tokens=40)
+    assert key("parade-avg") == key("parade-avg", keyb2_min_score_share=0.3, default_selector="dense")
+    assert key("maxp") != key("maxp", window_stride=128) and key("maxp") != key("maxp", max_sequence_length=256)
+    assert key("keyb2") != key("keyb2", keyb2_passes=2) and key("keyb2") != key("keyb2", block_max_tokens=40)
+
 
 def test_eval_train_dev_split_is_exactly_the_meetings_finetune_keeps_for_dev():
     from keyrank.evaluation import qmsum

@@ -22,8 +22,22 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from keyrank.strategies import REGISTRY
 from keyrank.training.judged import JudgedQuery
 from keyrank.training.planned import PlannedQuery
+
+
+SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_selector")
+"""Settings that shape only keyb2's inputs (its blocks and their selection); windows never read them."""
+
+
+def shaping(settings: dict, strategy: str) -> dict:
+    """The settings ``strategy``'s model inputs depend on: all of them for keyb2, none of keyb2's
+    selection settings for a windows strategy, so a student's keyb2 setting (``--set keyb2_passes=2``)
+    reads the windows teacher's cache instead of scoring every candidate again."""
+    if REGISTRY[strategy].cut == "blocks":
+        return settings
+    return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
 
 
 def cache_key(fingerprint: str, settings: dict, what: str) -> str:

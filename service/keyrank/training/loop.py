@@ -26,7 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from keyrank.training import parade
-from keyrank.training.cache import PooledVectors, TeacherScores, cache_key
+from keyrank.training.cache import PooledVectors, TeacherScores, cache_key, shaping
 from keyrank.training.losses import distillation, ranking_loss
 from keyrank.training.model import Batch, CrossEncoder, fold
 from keyrank.training.planned import (
@@ -105,11 +105,11 @@ class _Run:
         teacher = Reranker.local(settings=settings, threads=self.config.threads or 0)
         return teacher, teacher.pipeline.manifest["cross_encoder"]["fingerprint"]
 
-    def cache_path(self, what: str, fingerprint: str | None = None) -> Path:
-        """``<cache>/<what>-<fingerprint (default: the base model's)>-<settings hash>``."""
-        shaping = self.settings.model_dump(exclude={"model_dir", "api_key"})
+    def cache_path(self, what: str, strategy: str, fingerprint: str | None = None) -> Path:
+        """``<cache>/<what>-<fingerprint (default: the base model's)>-<hash of the settings shaping strategy's inputs>``."""
+        settings = shaping(self.settings.model_dump(exclude={"model_dir", "api_key"}), strategy)
         folder = Path(self.config.cache_dir) if self.config.cache_dir else self.out / "cache"
-        return folder / cache_key(fingerprint or self.manifest["cross_encoder"]["fingerprint"], shaping, what)
+        return folder / cache_key(fingerprint or self.manifest["cross_encoder"]["fingerprint"], settings, what)
 
     def build_modules(self) -> None:
         from keyrank.pipeline import RerankOptions
@@ -266,13 +266,13 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     started = time.perf_counter()
     if c.distill > 0:
         teacher, fingerprint = run.teacher_reranker()
-        run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}", fingerprint).with_suffix(".jsonl"))
+        run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
         run.teacher.fill(teacher, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress)
         if c.teacher is not None:  # its own session; the base model's stays for what follows
             teacher.close()
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
-        run.pooled = PooledVectors(run.cache_path(f"pooled-{planning_strategy(c.strategy)}"))
+        run.pooled = PooledVectors(run.cache_path(f"pooled-{planning_strategy(c.strategy)}", planning_strategy(c.strategy)))
         run.pooled.fill(run.reranker().scorer, train + dev, progress=c.progress)
     timings["caches_s"] = time.perf_counter() - started
 
