@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from keyrank.evaluation import tasks
+from keyrank.evaluation.report import covered_share
 from keyrank.tokenize import TextTokenizer
 
 HEAD_CHARS = 100
-
-
-def overlap(spans, start: int, end: int) -> int:
-    """Characters of [start, end) inside the evidence spans."""
-    return sum(max(0, min(end, b) - max(start, a)) for a, b, *_ in spans)
 
 
 def main() -> None:
@@ -44,20 +39,20 @@ def main() -> None:
         "farrel", args.data_dir, tokenizer, seed=config["seed"], max_queries=config["max_queries"],
         offsets=tuple(config["offsets"]), distractors=config["distractors"], filler=config["filler"],
         dl20_topics=config["dl20_topics"], constructions=config.get("constructions", 1))}
+    saved = json.loads((args.run / "runs" / "farrel.json").read_text())
+    ndcg = saved["per_query"][args.system]  # ir-measures' values, as the report computed them
     rows = defaultdict(lambda: defaultdict(list))
-    for run in json.loads((args.run / "runs" / "farrel.json").read_text())["runs"][args.system]:
+    for run in saved["runs"][args.system]:
         q = queries[run["qid"]]
         target = next(iter(q.qrels))
-        order = sorted(run["scores"], key=lambda d: (-run["scores"][d], d))
-        ndcg = 1 / math.log2(order.index(target) + 2)
         start, end = q.meta["inserts"][target]
         spans = run["evidence"].get(target, [])
-        head_end = min(end, start + HEAD_CHARS)
+        covered = covered_share([(start, end)], spans)
         row = rows[q.bucket]
-        row["ndcg"].append(ndcg)
-        row["covered"].append(overlap(spans, start, end) / (end - start))
-        row["head"].append(overlap(spans, start, head_end) / (head_end - start))
-        row["outside"].append(sum(b - a for a, b, *_ in spans) - overlap(spans, start, end))
+        row["ndcg"].append(ndcg[run["qid"]]["nDCG@10"])
+        row["covered"].append(covered)
+        row["head"].append(covered_share([(start, min(end, start + HEAD_CHARS))], spans))
+        row["outside"].append(sum(span[1] - span[0] for span in spans) - covered * (end - start))
     print(f"{args.system}, {args.run}\n")
     print("| offset | rankings | nDCG@10 | insert covered | its first 100 characters read | nDCG@10 when they are read "
           "| characters read outside the insert |")

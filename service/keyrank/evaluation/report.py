@@ -103,8 +103,7 @@ def psi_uncertainty(queries: Sequence[EvalQuery], values: dict[str, dict[str, fl
     rows_of = [np.array([i for i, k in enumerate(keys) if k[0] == t]) for t in topics]
 
     def index(means: np.ndarray) -> float:
-        top = means.max()
-        return 0.0 if top == 0 else float(1.0 - means.min() / top)
+        return psi(dict(enumerate(means.tolist())))
 
     rng = np.random.default_rng(seed)
     observed = index(table.mean(axis=0))

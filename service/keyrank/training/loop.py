@@ -272,7 +272,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
             teacher.close()
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
-        run.pooled = PooledVectors(run.cache_path(f"pooled-{planning_strategy(c.strategy)}", planning_strategy(c.strategy)))
+        cut_by = planning_strategy(c.strategy)
+        run.pooled = PooledVectors(run.cache_path(f"pooled-{cut_by}", cut_by))
         run.pooled.fill(run.reranker().scorer, train + dev, progress=c.progress)
     timings["caches_s"] = time.perf_counter() - started
 
