@@ -235,6 +235,36 @@ def test_any_prepared_model_with_any_strategy_can_teach(toy):
     assert [p.name for p in (result.out / "cache").glob("teacher-*")] == [cache.name]
 
 
+def test_a_teacher_scores_on_its_pytorch_variant_as_on_onnx_runtime(toy):
+    """The GPU machine's teacher path (``teacher_runtime="torch"``, auto on cuda), run here on the CPU in
+    fp32: its own cache file, and the scores the served ONNX teacher gives."""
+    from keyrank.modelserver.gpu import write_gpu_repository
+    from keyrank.prepare.export import prepare
+    from keyrank.reranker import Reranker
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+
+    teacher = toy["root"] / "teacher-torch"
+    manifest = prepare(str(toy["model"]), teacher)
+    kwargs = dict(model=str(toy["model"]), strategy="keyb2", selector="bm25", trec=TrecFiles(*toy["trec"]), max_queries=3,
+                  distill=1.0, teacher=teacher, epochs=1, progress=False, threads=2, dev_max_queries=1, device="cpu")
+    with pytest.raises(Exception, match="prepare it with `keyrank prepare --device cuda`"):
+        finetune(out=toy["root"] / "torch-taught-missing", teacher_runtime="torch", **kwargs)
+    write_gpu_repository(teacher, manifest["cross_encoder"], toy["model"], device="cpu", dtype="float32")
+    result = finetune(out=toy["root"] / "torch-taught", teacher_runtime="torch", **kwargs)
+    assert result.finished
+    (cache,) = (result.out / "cache").glob("teacher-maxp-*.jsonl")
+    assert cache.name.startswith("teacher-maxp-torch-float32-")
+    judged = {q.qid: q for q in from_trec(*toy["trec"])}
+    rows = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert rows
+    with Reranker.local(teacher) as served:
+        for row in rows:
+            q = judged[row["qid"]]
+            expected = {q.doc_ids[r.index]: r.score for r in served.rank(q.query, list(q.texts), strategy="maxp").results}
+            assert row["scores"] == pytest.approx(expected, abs=1e-4)
+
+
 def test_a_windows_teachers_cache_is_named_without_keyb2s_selection_settings():
     from keyrank.config import Settings
     from keyrank.training.cache import cache_key, shaping

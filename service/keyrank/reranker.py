@@ -15,6 +15,7 @@ The HTTP layer (api/) is a thin shell over ``arank``.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ import numpy as np
 from keyrank import metrics
 from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
 from keyrank.config import Settings, get_settings
-from keyrank.errors import InvalidRequest
+from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, StageTimer
 from keyrank.scoring import Scorer
 from keyrank.strategies import Passage
@@ -248,6 +249,31 @@ class Reranker:
             version / "model.onnx", pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
             threads=threads, max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
             runtime=read_runtime(version),
+        )
+        return cls(settings, scorer=scorer, pipeline=pipeline)
+
+    @classmethod
+    def torch(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, device: str = "cuda",
+              dtype: str | None = None, cuda_graphs: bool = False, **overrides: Any) -> Reranker:
+        """A Reranker scoring in this process with PyTorch: the GPU variant ``keyrank prepare --device cuda``
+        wrote (``triton-embedded-cuda/``), in its weights' dtype unless ``dtype`` names another."""
+        from keyrank.modelserver.gpu import REPOSITORY
+        from keyrank.modelserver.repository import MODEL_NAME
+        from keyrank.scoring.pytorch import TorchScorer
+
+        settings = settings or get_settings()
+        if model_dir is not None:
+            overrides["model_dir"] = Path(model_dir)
+        settings = settings.with_overrides(**overrides)
+        version = settings.model_dir / REPOSITORY / MODEL_NAME / "1"
+        if not (version / "encoder.json").exists():
+            raise ModelAssetsMissing(f"{settings.model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
+        dtype = dtype or json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
+        pipeline = Pipeline.from_model_dir(settings)
+        scorer = TorchScorer(
+            version, pad_id=pipeline.template.pad_id, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
+            buckets=settings.length_buckets, batch_size=max(64, settings.triton_batch_size),
+            max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
         )
         return cls(settings, scorer=scorer, pipeline=pipeline)
 

@@ -9,31 +9,19 @@ One uvicorn process (the model lives in it); every other setting is the usual KE
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import uvicorn
 
 from keyrank.config import get_settings
-from keyrank.modelserver.gpu import REPOSITORY
-from keyrank.modelserver.repository import MODEL_NAME
 
 
 def build_app(model_dir: Path, device: str, dtype: str, cuda_graphs: bool):
     from keyrank.api import create_app
-    from keyrank.scoring.pytorch import TorchScorer
-    from keyrank.pipeline import load_template
     from keyrank.reranker import Reranker
 
     settings = get_settings().with_overrides(model_dir=model_dir)
-    manifest = json.loads((settings.gateway_dir / "manifest.json").read_text())
-    template = load_template(manifest, settings.gateway_dir)
-    scorer = TorchScorer(
-        model_dir / REPOSITORY / MODEL_NAME / "1", pad_id=template.pad_id, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
-        buckets=settings.length_buckets, batch_size=max(64, settings.triton_batch_size),
-        max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
-    )
-    return create_app(settings, Reranker(settings, scorer=scorer))
+    return create_app(settings, Reranker.torch(settings=settings, device=device, dtype=dtype, cuda_graphs=cuda_graphs))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
                        help="a prepared model folder (keyrank prepare --out) whose scores teach; unset = the base model")
     train.add_argument("--teacher-strategy", choices=STRATEGIES, default=d.teacher_strategy,
                        help="how the teacher reads each candidate (the student reads what --strategy reads)")
+    train.add_argument("--teacher-runtime", choices=("auto", "onnx", "torch"), default=d.teacher_runtime,
+                       help="onnx: the teacher's CPU variant; torch: its GPU variant (keyrank prepare --device cuda) on --device; auto: torch on cuda")
     train.add_argument("--temperature", type=float, default=d.temperature, help="softmax temperature of the distillation term")
     train.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training queries")
     train.add_argument("--max-groups", type=int, default=d.max_groups, help="groups per epoch at most; None = every trainable query once")
@@ -102,7 +104,7 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         model=args.model, out=args.out, strategy=args.strategy, selector=args.selector, tasks=tuple(args.task), trec=trec,
         data_dir=args.data_dir, farrel_seeds=args.farrel_seeds, farrel_offsets=args.farrel_offsets, max_queries=args.max_queries,
         loss=args.loss, margin=args.margin, negatives=args.negatives, distill=args.distill, temperature=args.temperature,
-        teacher=args.teacher, teacher_strategy=args.teacher_strategy,
+        teacher=args.teacher, teacher_strategy=args.teacher_strategy, teacher_runtime=args.teacher_runtime,
         epochs=args.epochs, max_groups=args.max_groups, groups_per_step=args.groups_per_step,
         sequences_per_forward=args.sequences_per_forward, lr=args.lr, aggregator_lr=args.aggregator_lr, warmup=args.warmup,
         cache_dir=args.cache_dir, attention_dropout=None if args.attention_dropout < 0 else args.attention_dropout,

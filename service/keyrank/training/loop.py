@@ -96,14 +96,21 @@ class _Run:
         return self._reranker
 
     def teacher_reranker(self):
-        """The teacher served in-process, and its model's fingerprint: the base model, or ``config.teacher``."""
-        if self.config.teacher is None:
-            return self.reranker(), self.manifest["cross_encoder"]["fingerprint"]
+        """The teacher served in-process, its model's fingerprint, and the cache name's runtime tag
+        ("" for ONNX Runtime, the served CPU path; "-torch-<dtype>" for the PyTorch variant)."""
         from keyrank.reranker import Reranker
 
-        settings = self.settings.with_overrides(model_dir=Path(self.config.teacher))
-        teacher = Reranker.local(settings=settings, threads=self.config.threads or 0)
-        return teacher, teacher.pipeline.manifest["cross_encoder"]["fingerprint"]
+        c = self.config
+        if c.teacher is None:
+            return self.reranker(), self.manifest["cross_encoder"]["fingerprint"], ""
+        settings = self.settings.with_overrides(model_dir=Path(c.teacher))
+        runtime = c.teacher_runtime if c.teacher_runtime != "auto" else ("torch" if self.device.type == "cuda" else "onnx")
+        if runtime == "torch":  # the teacher's GPU variant on the training device: minutes instead of hours of CPU
+            teacher = Reranker.torch(settings=settings, device=str(self.device))
+            tag = f"-torch-{teacher.scorer.encoder.dtype}".replace("torch.", "")
+        else:
+            teacher, tag = Reranker.local(settings=settings, threads=c.threads or 0), ""
+        return teacher, teacher.pipeline.manifest["cross_encoder"]["fingerprint"], tag
 
     def cache_path(self, what: str, strategy: str, fingerprint: str | None = None) -> Path:
         """``<cache>/<what>-<fingerprint (default: the base model's)>-<hash of the settings shaping strategy's inputs>``."""
@@ -265,8 +272,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
 
     started = time.perf_counter()
     if c.distill > 0:
-        teacher, fingerprint = run.teacher_reranker()
-        run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
+        teacher, fingerprint, tag = run.teacher_reranker()
+        run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}{tag}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
         run.teacher.fill(teacher, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress)
         if c.teacher is not None:  # its own session; the base model's stays for what follows
             teacher.close()

@@ -65,6 +65,9 @@ class FinetuneConfig:
     teacher_strategy: str = "maxp"
     """How the teacher reads each candidate: any strategy (it may read the whole document, windows or
     PARADE, while the student reads what ``strategy`` reads)."""
+    teacher_runtime: str = "auto"
+    """Where the teacher scores: ``onnx`` (its CPU variant, the served path), ``torch`` (its PyTorch
+    variant from ``keyrank prepare --device cuda``, on the training device), ``auto`` = torch on cuda."""
     epochs: int = 1
     """Passes over the training queries (one group per query per epoch)."""
     max_groups: int | None = None
