@@ -4,6 +4,7 @@ checkpoint it writes exports with ONNX = PyTorch, and it trains on exactly what 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -200,7 +201,7 @@ def test_distillation_reads_the_base_models_served_maxp_scores_cached_once(toy):
             assert row["scores"] == pytest.approx(served, abs=1e-5)
         # Reopened, the cache has every score: nothing is computed or written again.
         before = cache.stat().st_mtime_ns
-        TeacherScores(cache).fill(base, [judged[row["qid"]] for row in rows], progress=False)
+        TeacherScores(cache).fill(lambda: base, [judged[row["qid"]] for row in rows], progress=False)
     assert cache.stat().st_mtime_ns == before
 
 
@@ -263,6 +264,11 @@ def test_a_teacher_scores_on_its_pytorch_variant_as_on_onnx_runtime(toy):
             q = judged[row["qid"]]
             expected = {q.doc_ids[r.index]: r.score for r in served.rank(q.query, list(q.texts), strategy="maxp").results}
             assert row["scores"] == pytest.approx(expected, abs=1e-4)
+    # A filled cache never loads the teacher: its weights may stay on the machine that scored.
+    shutil.rmtree(teacher / "triton-embedded-cuda" / "cross_encoder" / "1" / "checkpoint")
+    before = cache.stat().st_mtime_ns
+    again = finetune(out=toy["root"] / "torch-taught-again", teacher_runtime="torch", cache_dir=result.out / "cache", **kwargs)
+    assert again.finished and cache.stat().st_mtime_ns == before
 
 
 def test_a_windows_teachers_cache_is_named_without_keyb2s_selection_settings():

@@ -252,23 +252,30 @@ class Reranker:
         )
         return cls(settings, scorer=scorer, pipeline=pipeline)
 
+    @staticmethod
+    def torch_variant(model_dir: Path) -> tuple[Path, str]:
+        """The PyTorch variant's folder in a prepared ``model_dir`` and its weights' dtype."""
+        from keyrank.modelserver.gpu import REPOSITORY
+        from keyrank.modelserver.repository import MODEL_NAME
+
+        version = Path(model_dir) / REPOSITORY / MODEL_NAME / "1"
+        if not (version / "encoder.json").exists():
+            raise ModelAssetsMissing(f"{model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
+        return version, json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
+
     @classmethod
     def torch(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, device: str = "cuda",
               dtype: str | None = None, cuda_graphs: bool = False, **overrides: Any) -> Reranker:
         """A Reranker scoring in this process with PyTorch: the GPU variant ``keyrank prepare --device cuda``
         wrote (``triton-embedded-cuda/``), in its weights' dtype unless ``dtype`` names another."""
-        from keyrank.modelserver.gpu import REPOSITORY
-        from keyrank.modelserver.repository import MODEL_NAME
         from keyrank.scoring.pytorch import TorchScorer
 
         settings = settings or get_settings()
         if model_dir is not None:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
-        version = settings.model_dir / REPOSITORY / MODEL_NAME / "1"
-        if not (version / "encoder.json").exists():
-            raise ModelAssetsMissing(f"{settings.model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
-        dtype = dtype or json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
+        version, weights_dtype = cls.torch_variant(settings.model_dir)
+        dtype = dtype or weights_dtype
         pipeline = Pipeline.from_model_dir(settings)
         scorer = TorchScorer(
             version, pad_id=pipeline.template.pad_id, device=device, dtype=dtype, cuda_graphs=cuda_graphs,

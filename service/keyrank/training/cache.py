@@ -60,19 +60,26 @@ class TeacherScores:
                     row = json.loads(line)
                     self.scores[row["qid"]] = row["scores"]
 
-    def fill(self, reranker, queries: Sequence[JudgedQuery], *, strategy: str = "maxp", progress: bool = True) -> None:
-        """Score the queries not yet cached with ``reranker`` (the base model, served path)."""
+    def fill(self, serve, queries: Sequence[JudgedQuery], *, strategy: str = "maxp", progress: bool = True,
+             close: bool = False) -> None:
+        """Score the queries not yet cached with the reranker ``serve()`` gives (built only then);
+        ``close`` it afterwards when it is the caller's to end."""
         missing = [q for q in queries if q.qid not in self.scores]
         if not missing:
             return
+        reranker = serve()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as f:
-            for q in tqdm(missing, desc=f"teacher {strategy}", unit="q", disable=not progress):
-                ranking = reranker.rank(q.query, list(q.texts), strategy=strategy, timeout_s=3600.0)
-                scores = {q.doc_ids[r.index]: float(r.score) for r in ranking.results}
-                self.scores[q.qid] = scores
-                f.write(json.dumps({"qid": q.qid, "scores": scores}) + "\n")
-                f.flush()
+        try:
+            with self.path.open("a", encoding="utf-8") as f:
+                for q in tqdm(missing, desc=f"teacher {strategy}", unit="q", disable=not progress):
+                    ranking = reranker.rank(q.query, list(q.texts), strategy=strategy, timeout_s=3600.0)
+                    scores = {q.doc_ids[r.index]: float(r.score) for r in ranking.results}
+                    self.scores[q.qid] = scores
+                    f.write(json.dumps({"qid": q.qid, "scores": scores}) + "\n")
+                    f.flush()
+        finally:
+            if close:
+                reranker.close()
 
     def of(self, judged: JudgedQuery, docs: Sequence[int]) -> np.ndarray:
         """float32 [len(docs)] teacher scores of some candidates of a query."""

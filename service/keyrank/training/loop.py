@@ -95,22 +95,22 @@ class _Run:
             self._reranker = Reranker.local(settings=self.settings, threads=self.config.threads or 0)
         return self._reranker
 
-    def teacher_reranker(self):
-        """The teacher served in-process, its model's fingerprint, and the cache name's runtime tag
-        ("" for ONNX Runtime, the served CPU path; "-torch-<dtype>" for the PyTorch variant)."""
+    def teacher_source(self):
+        """The teacher's model fingerprint, the cache name's runtime tag ("" for ONNX Runtime, the served
+        CPU path; "-torch-<dtype>" for the PyTorch variant), and how to serve it in-process: called only
+        for scores the cache lacks, so a filled cache never loads the teacher."""
         from keyrank.reranker import Reranker
 
         c = self.config
         if c.teacher is None:
-            return self.reranker(), self.manifest["cross_encoder"]["fingerprint"], ""
+            return self.manifest["cross_encoder"]["fingerprint"], "", self.reranker
         settings = self.settings.with_overrides(model_dir=Path(c.teacher))
+        fingerprint = json.loads((settings.gateway_dir / "manifest.json").read_text())["cross_encoder"]["fingerprint"]
         runtime = c.teacher_runtime if c.teacher_runtime != "auto" else ("torch" if self.device.type == "cuda" else "onnx")
         if runtime == "torch":  # the teacher's GPU variant on the training device: minutes instead of hours of CPU
-            teacher = Reranker.torch(settings=settings, device=str(self.device))
-            tag = f"-torch-{teacher.scorer.encoder.dtype}".replace("torch.", "")
-        else:
-            teacher, tag = Reranker.local(settings=settings, threads=c.threads or 0), ""
-        return teacher, teacher.pipeline.manifest["cross_encoder"]["fingerprint"], tag
+            _, dtype = Reranker.torch_variant(settings.model_dir)
+            return fingerprint, f"-torch-{dtype}", lambda: Reranker.torch(settings=settings, device=str(self.device))
+        return fingerprint, "", lambda: Reranker.local(settings=settings, threads=c.threads or 0)
 
     def cache_path(self, what: str, strategy: str, fingerprint: str | None = None) -> Path:
         """``<cache>/<what>-<fingerprint (default: the base model's)>-<hash of the settings shaping strategy's inputs>``."""
@@ -272,11 +272,10 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
 
     started = time.perf_counter()
     if c.distill > 0:
-        teacher, fingerprint, tag = run.teacher_reranker()
+        fingerprint, tag, serve = run.teacher_source()
         run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}{tag}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
-        run.teacher.fill(teacher, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress)
-        if c.teacher is not None:  # its own session; the base model's stays for what follows
-            teacher.close()
+        run.teacher.fill(serve, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress,
+                         close=c.teacher is not None)  # the base model's own session stays for what follows
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
         cut_by = planning_strategy(c.strategy)
