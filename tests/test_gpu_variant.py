@@ -111,6 +111,11 @@ def test_the_torch_scorer_ranks_like_onnx_runtime(gpu_models, prepared_models):
     settings = Settings(model_dir=prepared_models)
     with Reranker(settings, scorer=TorchScorer(_folder(gpu_models), pad_id=0, device="cpu", dtype="float32")) as reranker:
         torch_ranking = reranker.rank(query, docs[:20], strategy="maxp")
+    # Reranker.torch builds the same from the prepared folder (the GPU gateway's and a teacher's way in;
+    # its length buckets come from the settings, so the batches, and the last float bits, may differ).
+    with Reranker.torch(gpu_models, device="cpu") as built:
+        assert built.scorer.encoder.dtype == torch.float32  # the weights' dtype, read from encoder.json
+        assert [r.score for r in built.rank(query, docs[:20], strategy="maxp").results] == pytest.approx([r.score for r in torch_ranking.results], abs=1e-5)
     with Reranker.local(prepared_models, threads=2) as local:
         onnx_ranking = local.rank(query, docs[:20], strategy="maxp")
     assert [r.index for r in torch_ranking.results] == [r.index for r in onnx_ranking.results]
