@@ -12,15 +12,16 @@
 set -u -o pipefail
 STEP=${1:?bundle or train}; RUN=${2:?r6 or r7}
 TEACHER=${TEACHER:-runs/r4/prepared}; BASE=${BASE:-../shared/models/ce-minilm-l6}; CACHE=${CACHE:-runs/r6-device/cache}
-WHEELS="pydantic==2.14.4 pydantic_core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4 annotated-types==0.8.0
-        typing-inspection==0.4.5 typing_extensions==4.16.0 sniffio==1.3.1 ir_measures==0.4.3 pytrec-eval-terrier==0.5.11"
+# What the finetune path imports that the GPU image lacks, at the versions this checkout's venv runs.
+NAMES="pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection typing-extensions sniffio ir-measures pytrec-eval-terrier"
 
 if [ "$STEP" = bundle ]; then
   grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
   rm -rf .gpu && mkdir -p .gpu/teacher/triton-embedded-cuda/cross_encoder/1 .gpu/cache || exit 1
   cp "$0" .gpu/gpu_distill.sh
+  PINS=$(.venv/bin/python -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" $NAMES)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl $WHEELS || exit 1
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/whl $PINS || exit 1
   tar -C ../shared/datasets -cJf .gpu/data.tar.xz --dereference qmsum/train trec-dl20-passage squad2-dev-half || exit 1
   cp -r "$TEACHER/gateway" .gpu/teacher/
   if [ "$RUN" = r6 ]; then  # the teacher scores there, and its weights start the student
