@@ -1,8 +1,9 @@
 """What training computes once with the base model and keeps on disk.
 
-- Teacher scores: the base model's MaxP score of every candidate, from the
-  served path itself (``Reranker.local`` on the base model's ONNX export, the
-  same code as a /rerank with ``strategy=maxp``), for distillation.
+- Teacher scores: the teacher's score of every candidate (the base model's
+  MaxP by default), from the served path itself (``Reranker.local`` on its
+  ONNX export, or ``Reranker.torch`` on its GPU variant; the same code as a
+  /rerank with that strategy), for distillation.
 - Pooled vectors: with a frozen encoder, PARADE's aggregator only ever reads
   the windows' pooled vectors, so they are computed once (ONNX Runtime, the
   served graph) and the aggregator trains on them in seconds.

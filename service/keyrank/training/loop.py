@@ -1,8 +1,8 @@
 """``finetune``: prepare the base model, plan the data with the serving pipeline, train, check, write.
 
     out/base/        `keyrank prepare` of the starting checkpoint: its template plans the data,
-                     its ONNX graph computes teacher scores and frozen pooled vectors
-    out/cache/       teacher MaxP scores, pooled vectors (computed once)
+                     its ONNX graph computes frozen pooled vectors (and the default teacher's scores)
+    out/cache/       teacher scores, pooled vectors (computed once; --cache-dir shares them)
     out/state/       latest.pt: weights, optimizer, scheduler, RNG, position (resumable)
     out/model/       the fine-tuned checkpoint (best dev epoch): `keyrank prepare --model out/model`
     out/<kind>.onnx  PARADE runs: the trained aggregator, served from models/gateway/
@@ -107,6 +107,8 @@ class _Run:
         settings = self.settings.with_overrides(model_dir=Path(c.teacher))
         fingerprint = json.loads((settings.gateway_dir / "manifest.json").read_text())["cross_encoder"]["fingerprint"]
         runtime = c.teacher_runtime if c.teacher_runtime != "auto" else ("torch" if self.device.type == "cuda" else "onnx")
+        if runtime not in ("onnx", "torch"):
+            raise ValueError(f"teacher_runtime {c.teacher_runtime!r}: expected auto, onnx or torch")
         if runtime == "torch":  # the teacher's GPU variant on the training device: minutes instead of hours of CPU
             _, dtype = Reranker.torch_variant(settings.model_dir)
             return fingerprint, f"-torch-{dtype}", lambda: Reranker.torch(settings=settings, device=str(self.device))
