@@ -253,12 +253,11 @@ class Reranker:
         return cls(settings, scorer=scorer, pipeline=pipeline)
 
     @staticmethod
-    def torch_variant(model_dir: Path) -> tuple[Path, str]:
-        """The PyTorch variant's folder in a prepared ``model_dir`` and its weights' dtype."""
-        from keyrank.modelserver.gpu import REPOSITORY
-        from keyrank.modelserver.repository import MODEL_NAME
-
-        version = Path(model_dir) / REPOSITORY / MODEL_NAME / "1"
+    def torch_variant(model_dir: Path, model_name: str = "cross_encoder") -> tuple[Path, str]:
+        """The PyTorch variant's folder in a prepared ``model_dir`` and its weights' dtype. The folder is
+        the one ``keyrank.modelserver.gpu`` writes, named here as ``local`` names the CPU one (the request
+        path does not import the model server; tests/test_gpu_variant.py finds what that module wrote)."""
+        version = Path(model_dir) / "triton-embedded-cuda" / model_name / "1"
         if not (version / "encoder.json").exists():
             raise ModelAssetsMissing(f"{model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
         return version, json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
@@ -274,7 +273,7 @@ class Reranker:
         if model_dir is not None:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
-        version, weights_dtype = cls.torch_variant(settings.model_dir)
+        version, weights_dtype = cls.torch_variant(settings.model_dir, settings.triton_model)
         dtype = dtype or weights_dtype
         pipeline = Pipeline.from_model_dir(settings)
         scorer = TorchScorer(
