@@ -164,6 +164,11 @@ class Settings(BaseSettings):
         """Gateway-side assets: tokenizer, classifier head, bi-encoder."""
         return self.model_dir / "gateway"
 
+    def embedded_repository(self, device: str | None = None) -> Path:
+        """The embedded Triton repository `keyrank prepare` wrote for ``device`` (default ``embedded_device``):
+        triton-embedded/ (CPU: ONNX Runtime or OpenVINO) or triton-embedded-cuda/ (PyTorch, ``--device cuda``)."""
+        return self.model_dir / ("triton-embedded-cuda" if (device or self.embedded_device) == "cuda" else "triton-embedded")
+
 
 MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A served model's name: also its Triton model name and a folder name in the embedded repository."""

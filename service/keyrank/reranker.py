@@ -244,7 +244,7 @@ class Reranker:
         settings = settings.with_overrides(**overrides)
         pipeline = Pipeline.from_model_dir(settings)
         # The file the embedded Triton serves, on the same runtime: the CPU variant `keyrank prepare` gated.
-        version = settings.model_dir / "triton-embedded" / settings.triton_model / "1"
+        version = settings.embedded_repository("cpu") / settings.triton_model / "1"
         scorer = LocalScorer(
             version / "model.onnx", pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
             threads=threads, max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
@@ -253,13 +253,11 @@ class Reranker:
         return cls(settings, scorer=scorer, pipeline=pipeline)
 
     @staticmethod
-    def torch_variant(model_dir: Path, model_name: str = "cross_encoder") -> tuple[Path, str]:
-        """The PyTorch variant's folder in a prepared ``model_dir`` and its weights' dtype. The folder is
-        the one ``keyrank.modelserver.gpu`` writes, named here as ``local`` names the CPU one (the request
-        path does not import the model server; tests/test_gpu_variant.py finds what that module wrote)."""
-        version = Path(model_dir) / "triton-embedded-cuda" / model_name / "1"
+    def torch_variant(settings: Settings) -> tuple[Path, str]:
+        """The PyTorch variant's folder in the prepared ``settings.model_dir`` and its weights' dtype."""
+        version = settings.embedded_repository("cuda") / settings.triton_model / "1"
         if not (version / "encoder.json").exists():
-            raise ModelAssetsMissing(f"{model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
+            raise ModelAssetsMissing(f"{settings.model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
         return version, json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
 
     @classmethod
@@ -273,7 +271,7 @@ class Reranker:
         if model_dir is not None:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
-        version, weights_dtype = cls.torch_variant(settings.model_dir, settings.triton_model)
+        version, weights_dtype = cls.torch_variant(settings)
         dtype = dtype or weights_dtype
         pipeline = Pipeline.from_model_dir(settings)
         scorer = TorchScorer(

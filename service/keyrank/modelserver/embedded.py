@@ -78,8 +78,7 @@ class EmbeddedTriton:
         settings = settings or get_settings()
         self.settings: Settings = settings
         """Where the model name, ports and ready timeout come from."""
-        default = "triton-embedded-cuda" if settings.embedded_device == "cuda" else "triton-embedded"
-        self.repository: Path = Path(repository or settings.model_dir / default).resolve()
+        self.repository: Path = Path(repository or settings.embedded_repository()).resolve()
         """The Triton model repository served."""
         served = {} if repository is not None else settings.served_models()
         self.models: tuple[str, ...] = tuple(served) or (settings.triton_model,)
@@ -121,7 +120,7 @@ class EmbeddedTriton:
         if served:  # one repository in the work dir, an entry per model under its name
             self.repository = self.work_dir / "repository"
             try:
-                write_served_repository(self.repository, served, default)
+                write_served_repository(self.repository, served, settings.embedded_repository().name)
             except FileNotFoundError as exc:
                 self._remove_work_dir()
                 raise ModelAssetsMissing(str(exc)) from None

@@ -110,7 +110,7 @@ class _Run:
         if runtime not in ("onnx", "torch"):
             raise ValueError(f"teacher_runtime {c.teacher_runtime!r}: expected auto, onnx or torch")
         if runtime == "torch":  # the teacher's GPU variant on the training device: minutes instead of hours of CPU
-            _, dtype = Reranker.torch_variant(settings.model_dir, settings.triton_model)
+            _, dtype = Reranker.torch_variant(settings)
             return fingerprint, f"-torch-{dtype}", lambda: Reranker.torch(settings=settings, device=str(self.device))
         return fingerprint, "", lambda: Reranker.local(settings=settings, threads=c.threads or 0)
 
