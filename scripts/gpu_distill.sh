@@ -14,6 +14,10 @@ STEP=${1:?bundle or train}; RUN=${2:?r6 or r7}
 TEACHER=${TEACHER:-runs/r4/prepared}; BASE=${BASE:-../shared/models/ce-minilm-l6}; CACHE=${CACHE:-runs/r6-device/cache}
 # What the finetune path imports that the GPU image lacks, at the versions this checkout's venv runs.
 NAMES="pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection typing-extensions sniffio ir-measures pytrec-eval-terrier"
+fp16() {  # $1 = python, $2 = safetensors in, $3 = out: floating tensors halved for the trip
+  "$1" -c "import sys; from safetensors.torch import load_file, save_file; w = load_file(sys.argv[1]); \
+save_file({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, sys.argv[2], metadata={'format': 'pt'})" "$2" "$3"
+}
 
 if [ "$STEP" = bundle ]; then
   grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
@@ -32,8 +36,7 @@ if [ "$STEP" = bundle ]; then
     cp "$TEACHER/triton-embedded-cuda/cross_encoder/1/encoder.json" .gpu/teacher/triton-embedded-cuda/cross_encoder/1/
     cp "$CACHE"/teacher-*.jsonl .gpu/cache/
     mkdir -p .gpu/base && cp "$BASE"/{config.json,tokenizer.json,tokenizer_config.json,special_tokens_map.json,vocab.txt} .gpu/base/
-    .venv/bin/python -c "import sys,torch; from safetensors.torch import load_file, save_file; w=load_file(sys.argv[1]); \
-save_file({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, '.gpu/base/model.safetensors', metadata={'format': 'pt'})" "$BASE/model.safetensors"
+    fp16 .venv/bin/python "$BASE/model.safetensors" .gpu/base/model.safetensors
   fi
   du -sh .gpu; exit 0
 fi
@@ -61,8 +64,7 @@ timeout "${BUDGET:-450}" $PY -m keyrank.cli finetune --model "$W/init" --out "$W
 log "finetune rc=$?"; tail -30 "$OUT/$RUN.log"
 cp "$W/$RUN/training.json" "$OUT/" 2>/dev/null; mkdir -p "$OUT/cache" && cp "$W"/cache/teacher-*.jsonl "$OUT/cache/"
 if [ -f "$W/$RUN/model/model.safetensors" ]; then
-  $PY -c "import sys, torch; from safetensors.torch import load_file, save_file; w=load_file(sys.argv[1]); \
-save_file({k: v.half() if v.is_floating_point() else v for k, v in w.items()}, sys.argv[2])" "$W/$RUN/model/model.safetensors" "$W/fp16.safetensors"
+  fp16 $PY "$W/$RUN/model/model.safetensors" "$W/fp16.safetensors"
   (cd "$OUT" && split -n 3 -d "$W/fp16.safetensors" "$RUN-fp16.safetensors.part-" && sha256sum "$W/fp16.safetensors" >> "$RUN.log")
 fi
 log end
