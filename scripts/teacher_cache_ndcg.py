@@ -13,7 +13,6 @@ each query's scores (an ensemble teacher).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from ir_measures import nDCG
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 from keyrank.tokenize import TextTokenizer  # noqa: E402
 from keyrank.training import splits  # noqa: E402
+from keyrank.training.cache import TeacherScores  # noqa: E402
 
 
 def zscores(row: dict[str, float]) -> dict[str, float]:
@@ -41,12 +41,17 @@ def main() -> None:
     caches = {}
     for spec in args.caches:
         label, path = spec.split("=", 1)
-        caches[label] = {j["qid"]: j["scores"] for j in map(json.loads, Path(path).read_text().splitlines())}
+        if not Path(path).is_file():
+            raise SystemExit(f"{label}: no teacher cache at {path}")
+        caches[label] = TeacherScores(Path(path)).scores
     common = set.intersection(*(set(c) for c in caches.values())) & {q.qid for q in train}
     qrels = [ir_measures.Qrel(q.qid, d, g) for q in train if q.qid in common for d, g in zip(q.doc_ids, q.grades)]
     if len(caches) > 1:
-        caches["z-sum of all"] = {q: {d: sum(zscores(c[q])[d] for c in caches.values()) for d in next(iter(caches.values()))[q]}
-                                  for q in common}
+        ensemble = {}
+        for q in common:
+            rows = [zscores(c[q]) for c in caches.values()]
+            ensemble[q] = {d: sum(row[d] for row in rows) for d in rows[0]}
+        caches["z-sum of all"] = ensemble
     print(f"{len(common)} QMSum training queries scored by every cache")
     for label, cache in caches.items():
         run = [ir_measures.ScoredDoc(q, d, s) for q in common for d, s in cache[q].items()]
