@@ -48,7 +48,7 @@ def cache_key(fingerprint: str, settings: dict, what: str) -> str:
 
 
 class TeacherScores:
-    """Base-model MaxP scores per (query, candidate), one JSON line per query."""
+    """The teacher's scores per (query, candidate) (the base model's MaxP by default), one JSON line per query."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
