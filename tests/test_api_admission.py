@@ -8,11 +8,15 @@ import math
 import random
 import time
 
+from pathlib import Path
+
 import httpx
 import pytest
 from keyrank.admission import CHARS_PER_TOKEN, AdmissionQueue, estimate_sequences
 from keyrank.config import Settings
 from keyrank.errors import Overloaded, TooCostly
+from keyrank.resolved import RerankOptions, resolve
+from keyrank.template import InputTemplate
 from live_gateway import live_gateway
 from prometheus_client import REGISTRY
 
@@ -30,6 +34,23 @@ S = Settings(triton_url="unused")
 TOKENS_1000 = "x" * int(1000 * CHARS_PER_TOKEN)  # about 1000 tokens by the door's rule
 Q = "cheese"  # 2 query tokens: a window holds 512 - 2 - 4 = 506 document tokens (a RoBERTa-style frame of 4)
 FRAME = 4
+GATEWAY: Path | None = None
+"""A prepared model's gateway folder as far as resolution looks: it has a bi-encoder (set by the fixture below)."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _gateway_with_a_bi_encoder(tmp_path_factory):
+    global GATEWAY
+    GATEWAY = tmp_path_factory.mktemp("gateway")
+    (GATEWAY / "bi_encoder").mkdir()
+
+
+def _cost(strategy, selector, query, documents, settings=S, *, frame_tokens=FRAME, max_length=512, **caps) -> float:
+    """Admission's estimate for the request as ``Pipeline.resolve`` decides it, under a frame of ``frame_tokens``
+    (a RoBERTa-style ``<s> q </s></s> d </s>`` is 4; more tokens before the query stand in for a decoder's prompt)."""
+    template = InputTemplate("roberta", max_length, (0,) * (frame_tokens - 3), (2, 2), (2,))
+    resolved = resolve(RerankOptions(strategy=strategy, selector=selector, **caps), settings, template, GATEWAY)
+    return estimate_sequences(resolved, query, documents)
 
 
 @pytest.mark.parametrize(
@@ -45,31 +66,38 @@ FRAME = 4
     ],
 )
 def test_cost_is_estimated_per_strategy_from_characters(strategy, selector, expected):
-    assert estimate_sequences(strategy, selector, Q, [TOKENS_1000] * 3, S, frame_tokens=FRAME) == expected
+    assert _cost(strategy, selector, Q, [TOKENS_1000] * 3, S, frame_tokens=FRAME) == expected
 
 
 def test_keyb2_costs_a_sequence_per_pass_the_text_can_fill():
     passes = S.with_overrides(keyb2_passes=3)
     short = "x" * int(300 * CHARS_PER_TOKEN)
     # 1000 tokens fill two readings of 506; 300 tokens one; never more than the passes allowed
-    assert estimate_sequences("keyb2", "bm25", Q, [TOKENS_1000, short], passes, frame_tokens=FRAME) == 2 + 1
+    assert _cost("keyb2", "bm25", Q, [TOKENS_1000, short], passes, frame_tokens=FRAME) == 2 + 1
     huge = "x" * int(10_000 * CHARS_PER_TOKEN)
-    assert estimate_sequences("keyb2", "bm25", Q, [huge], passes, frame_tokens=FRAME) == 3
+    assert _cost("keyb2", "bm25", Q, [huge], passes, frame_tokens=FRAME) == 3
 
 
 def test_cost_respects_the_window_caps_and_max_tokens_per_doc():
     huge = "x" * int(100_000 * CHARS_PER_TOKEN)
-    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME) == S.max_windows_per_doc
-    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_windows_per_doc=5) == 5
-    assert estimate_sequences("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_tokens_per_doc=506) == 1
+    assert _cost("maxp", None, Q, [huge], S, frame_tokens=FRAME) == S.max_windows_per_doc
+    assert _cost("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_windows_per_doc=5) == 5
+    assert _cost("maxp", None, Q, [huge], S, frame_tokens=FRAME, max_tokens_per_doc=506) == 1
 
 
 def test_a_decoder_prompt_frame_shrinks_the_windows_and_raises_the_cost():
     # 2500 tokens: with a frame of 4 a window holds 506 (stride 253: 1 + ceil(1994 / 253) = 9 windows);
     # a decoder prompt of 60 tokens leaves 450 (stride 225: 1 + ceil(2050 / 225) = 11).
     doc = "x" * int(2500 * CHARS_PER_TOKEN)
-    assert estimate_sequences("maxp", None, Q, [doc], S, frame_tokens=4) == 9
-    assert estimate_sequences("maxp", None, Q, [doc], S, frame_tokens=60) == 11
+    assert _cost("maxp", None, Q, [doc], S, frame_tokens=4) == 9
+    assert _cost("maxp", None, Q, [doc], S, frame_tokens=60) == 11
+
+
+def test_the_estimate_windows_a_short_model_as_the_pipeline_does():
+    # A model that reads 256 tokens: the pipeline's windows hold 256 - 4 - 2 = 250 document tokens (stride 125),
+    # and so do the estimate's, since both ask the resolved request's budget: 1 + ceil(2250 / 125) = 19.
+    doc = "x" * int(2500 * CHARS_PER_TOKEN)
+    assert _cost("maxp", None, Q, [doc], S, max_length=256) == 19
 
 
 # --------------------------------------------------------------------------- the queue
@@ -196,7 +224,7 @@ def test_a_full_queue_refuses_in_milliseconds_with_retry_after_from_the_queue(pr
     assert [status for status, _, _ in probed] == [429] * 10, probed
     latencies = sorted(seconds for _, seconds, _ in probed)
     assert latencies[5] < 0.05, latencies  # refused before any tokenizing
-    estimate = estimate_sequences("maxp", None, big["query"], big["documents"], Settings(triton_url="unused"), frame_tokens=3)
+    estimate = _cost("maxp", None, big["query"], big["documents"], Settings(triton_url="unused"), frame_tokens=3)
     assert {retry for _, _, retry in probed} == {str(math.ceil(estimate / 4))}  # queued sequences / 4 per second
 
 

@@ -90,12 +90,11 @@ def test_a_block_without_query_terms_scores_zero(k1, b):
 @pytest.mark.parametrize("source", ["document", "general", "request"])
 @pytest.mark.parametrize("cache_bytes", [0, 64 << 20], ids=["no-cache", "document-cache"])
 def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(prepared_models, cache_bytes, source):
-    """Pipeline -> document cache -> select.bm25.score_blocks: every block of two documents, scored with the
+    """Pipeline -> document cache -> the pipeline's bm25 selector: every block of two documents, scored with the
     source's IDF, equals bm25_scores (tested against rank-bm25 above) over those blocks' terms, cached or
     not: the cache keeps terms, which no IDF source changes."""
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline, RerankOptions
-    from keyrank.select import get_selector
     from keyrank.select.bm25 import general_table
 
     settings = Settings(model_dir=prepared_models, triton_url="unused", document_cache_bytes=cache_bytes, bm25_idf=source)
@@ -105,7 +104,7 @@ def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(pre
             "We talked about the weather and lunch. " * 20 + "A remote for the television. " * 3]
     for _ in range(2):  # the second time from the cache when it is on
         cut = pipeline.cut(query, docs, RerankOptions(strategy="keyb2", selector="bm25"))
-        served = get_selector("bm25").scorer()(pipeline, query, cut.query, cut.docs, cut.pieces)
+        served = pipeline.selector("bm25").score(query, cut.query, cut.docs, cut.pieces)
         blocks = [d.ids[a:b] for d, sp in zip(cut.docs, cut.pieces) for a, b in zip(sp.starts, sp.ends)]
         flat = block_terms(blocks, pipeline.is_term)
         expected = bm25_scores(cut.query.ids[pipeline.is_term[cut.query.ids]], flat, k1=0.9, b=0.4,

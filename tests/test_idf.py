@@ -135,7 +135,6 @@ def test_the_default_gives_the_same_score_and_evidence_over_http(gateway_url):
 
 def test_keyrank_idf_writes_scikit_learns_smoothed_idf_and_the_served_path_reads_it(corpus_table, prepared_models):
     from keyrank.pipeline import Pipeline, RerankOptions
-    from keyrank.select import get_selector
 
     table = json.loads(corpus_table.read_text())
     squad = json.loads((DATASETS / "squad2-dev-half" / "dev-v2.0.json").read_text())
@@ -150,7 +149,7 @@ def test_keyrank_idf_writes_scikit_learns_smoothed_idf_and_the_served_path_reads
 
     assert pipeline.settings.bm25_idf == "table"  # KEYRANK_BM25_IDF_TABLE alone selects the table, as before
     cut = pipeline.cut(QUERY, [TARGET, *OTHERS_A], RerankOptions(strategy="keyb2", selector="bm25"))
-    served = np.concatenate(get_selector("bm25").scorer()(pipeline, QUERY, cut.query, cut.docs, cut.pieces))
+    served = np.concatenate(pipeline.selector("bm25").score(QUERY, cut.query, cut.docs, cut.pieces))
     flat = block_terms([d.ids[a:b] for d, sp in zip(cut.docs, cut.pieces) for a, b in zip(sp.starts, sp.ends)], pipeline.is_term)
     lookup = IdfTable({TOKENIZER.token_to_id(t): v for t, v in table.items()}, default=max(table.values()))
     query = cut.query.ids[pipeline.is_term[cut.query.ids]]

@@ -1,7 +1,8 @@
 """Stage 0, at the door: admit a request only if the work already admitted can drain in time.
 
 In the style of text-embeddings-inference's queue bound: every request's cost is
-estimated from its strategy, selector and character counts, before any
+estimated from its resolved options (resolved.py: the strategy's cut, the
+selector, the caps and the model's frame) and character counts, before any
 tokenizing, in cross-encoder sequences; a request that alone could not finish
 inside its deadline at the measured rate is refused at once with a 422 that
 says what to change; admitted, unfinished work is bounded, and a request that
@@ -35,8 +36,7 @@ import numpy as np
 from keyrank import metrics
 from keyrank.config import Settings
 from keyrank.errors import Overloaded, TooCostly
-from keyrank.select import get_selector
-from keyrank.strategies import get_spec
+from keyrank.resolved import Resolved
 
 CHARS_PER_TOKEN = 4.0
 """Characters per token of English prose under BERT/RoBERTa-style vocabularies (~4, the figure
@@ -53,42 +53,21 @@ DEADLINE_SHARE = 0.8
 for the estimate and the CPU stages. Past it, it is refused at the door (``TooCostly``)."""
 
 
-def estimate_sequences(
-    strategy: str,
-    selector: str | None,
-    query: str,
-    documents: Sequence[str],
-    settings: Settings,
-    *,
-    frame_tokens: int,
-    max_tokens_per_doc: int | None = None,
-    max_windows_per_doc: int | None = None,
-) -> float:
+def estimate_sequences(resolved: Resolved, query: str, documents: Sequence[str]) -> float:
     """Cross-encoder sequences (of up to 512 tokens) the request will cost, from character counts only.
 
-    ``frame_tokens`` is the model template's frame (3 for BERT, tens for a decoder prompt): it decides how
-    many document tokens a window holds. prefix (firstp) reads one sequence per document, blocks (keyb2)
-    one per pass (``keyb2_passes``) that the document's length can fill; a selector adds its row's ``sequences_per_block`` for every block (the cross selector one
-    sequence each, the bi-encoder's pass over a block about an eighth); sliding windows overlap by the
-    stride and disjoint chunks do not, capped at the request's window cap or the service's.
+    Tokens are guessed from characters (``CHARS_PER_TOKEN``), cut to the request's ``max_tokens_per_doc``;
+    the rest is the resolved request's own arithmetic: the model's frame decides how many document tokens
+    one input holds (``Resolved.budget``), and the strategy's cut counts the inputs with the stride and caps
+    it cuts with (strategies/cuts.py: a prefix one per document, windows by stride up to the cap, blocks one
+    reading per pass the text can fill plus the selector's ``sequences_per_block`` for every block).
     """
-    spec = get_spec(strategy)
     chars = np.fromiter((len(d) for d in documents), dtype=np.float64, count=len(documents))
     tokens = np.ceil(chars / CHARS_PER_TOKEN)
-    if max_tokens_per_doc is not None:
-        tokens = np.minimum(tokens, max_tokens_per_doc)
-    query_tokens = min(math.ceil(len(query) / CHARS_PER_TOKEN), settings.query_max_tokens)
-    window = max(1, settings.max_sequence_length - query_tokens - frame_tokens)
-    if spec.cut == "prefix":
-        return float(len(documents))
-    if spec.cut == "blocks":  # one reading per document, up to keyb2_passes while the text lasts
-        per_block = get_selector(selector).sequences_per_block if selector else 0.0
-        reads = np.minimum(settings.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
-        return float(np.sum(reads) + per_block * np.sum(np.ceil(tokens / settings.block_max_tokens)))
-    stride = window if spec.cut == "disjoint" else (settings.window_stride or max(1, window // 2))
-    windows = 1 + np.ceil(np.maximum(tokens - window, 0) / stride)
-    cap = min(max_windows_per_doc, settings.max_windows_per_doc) if max_windows_per_doc else settings.max_windows_per_doc
-    return float(np.sum(np.minimum(windows, cap)))
+    if resolved.max_tokens_per_doc is not None:
+        tokens = np.minimum(tokens, resolved.max_tokens_per_doc)
+    query_tokens = min(math.ceil(len(query) / CHARS_PER_TOKEN), resolved.settings.query_max_tokens)
+    return resolved.spec.cut.sequences(tokens, resolved.budget(query_tokens), resolved)
 
 
 @dataclass(slots=True)

@@ -4,12 +4,15 @@
 
 One plan, split only where serving must await the model:
 
+    Pipeline.resolve(...)  the request's options, decided once -> Resolved
     Pipeline.cut(...)      tokenize, segment, CPU selectors   -> Cut
     (the cross selector's block logits, scored by the caller)
     Pipeline.finish(cut)   assemble, frame with the template   -> Plan
 
 ``Pipeline.plan`` is the two run back to back (with a synchronous
-``cross_scorer`` for the cross selector). ``Reranker.arank`` runs ``cut`` and
+``cross_scorer`` for the cross selector). How a document is cut and assembled
+is its strategy's cut object (strategies/cuts.py); how blocks are scored is the
+selector object this pipeline built (select/). ``Reranker.arank`` runs ``cut`` and
 ``finish`` on a worker thread and awaits the scorer between them; ``keyrank
 bench`` and ``keyrank finetune`` call ``plan``. There is no other code path
 that builds model inputs, so what is trained, measured and served cannot
@@ -25,44 +28,26 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from keyrank import metrics
 from keyrank.config import Settings
 from keyrank.doc_cache import DocumentCache, namespace
-from keyrank.errors import InvalidRequest, ModelAssetsMissing
+from keyrank.errors import ModelAssetsMissing
+from keyrank.resolved import RerankOptions, Resolved, resolve
 from keyrank.scoring import ModelInputs
-from keyrank.segment import Spans, blocks, per_document, token_break_costs, windows
+from keyrank.segment import Spans, blocks, per_document, token_break_costs
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
-from keyrank.select import SELECTORS, get_selector
-from keyrank.select.bm25 import IdfTable, term_mask
-from keyrank.strategies import REGISTRY, STRATEGIES, Passage, StrategySpec
-from keyrank.strategies.firstp import first_passage
-from keyrank.strategies.keyb2 import keyb2_passages
+from keyrank.select import BlockSelector, SelectorContext
+from keyrank.select.bm25 import term_mask
+from keyrank.strategies import Passage, StrategySpec
+from keyrank.strategies.cuts import CutContext
 from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
 
-
-@dataclass(frozen=True, slots=True)
-class RerankOptions:
-    """How one request wants to be ranked; ``None`` = the service's default."""
-
-    strategy: str | None = None
-    """A registry name (strategies.REGISTRY)."""
-    selector: str | None = None
-    """Block selector for strategies that select (keyb2)."""
-    top_n: int | None = None
-    """Return only the best ``top_n`` documents."""
-    max_tokens_per_doc: int | None = None
-    """Read at most this many tokens of each document (the cut is reported)."""
-    max_windows_per_doc: int | None = None
-    """Windowed strategies: score at most this many windows per document (Cohere's max_chunks_per_doc);
-    None = the service's cap. The cut is reported."""
-    timeout_s: float | None = None
-    """Deadline of this request in seconds."""
+__all__ = ["Cut", "Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "load_template"]
 
 
 class StageTimer:
@@ -98,10 +83,8 @@ class Cut:
     """The query's tokens (after the query cap)."""
     docs: list[Encoded]
     """Every document's tokens (after ``max_tokens_per_doc``)."""
-    spec: StrategySpec
-    """The strategy's registry row."""
-    selector: str | None
-    """The block selector (strategies that select), else None."""
+    resolved: Resolved
+    """The request's options, decided (strategy and selector rows, caps)."""
     budget: int
     """Document tokens that fit next to the query in one sequence."""
     pieces: list[Spans]
@@ -110,6 +93,16 @@ class Cut:
     """Selector score of every block of every document (empty until the cross selector's logits arrive)."""
     selector_inputs: ModelInputs
     """The cross selector's sequences (each block alone with the query), which the caller scores."""
+
+    @property
+    def spec(self) -> StrategySpec:
+        """The strategy's registry row."""
+        return self.resolved.spec
+
+    @property
+    def selector(self) -> str | None:
+        """The block selector's name (strategies that select), else None."""
+        return self.resolved.selector_name
 
     @property
     def awaits_model(self) -> bool:
@@ -164,16 +157,24 @@ class Pipeline:
         """Stage parameters (query cap, block size, window stride, BM25, ...)."""
         self.gateway_dir = gateway_dir
         """Where the bi-encoder and trained parts live (None: no dense selector)."""
+        self.documents = DocumentCache(settings.document_cache_bytes, namespace(tokenizer, template, settings))
+        """Tokens, blocks and BM25 terms of documents seen before, by content hash (doc_cache.py)."""
         self.break_costs = token_break_costs(tokenizer)
+        """float64 [vocab] cost of a block break after each token (segment.py)."""
+        self.cuts = CutContext(settings, self.break_costs, self.documents)
+        """What the strategies' cuts read (strategies/cuts.py)."""
         is_term = term_mask(tokenizer)
         is_term[[i for i in template.special_ids if i < is_term.shape[0]]] = False
         self.is_term = is_term
-        self.idf = IdfTable.from_json(settings.bm25_idf_table, tokenizer) if settings.bm25_idf_table else None
-        self.documents = DocumentCache(settings.document_cache_bytes, namespace(tokenizer, template, settings))
-        """Tokens, blocks and BM25 terms of documents seen before, by content hash (doc_cache.py)."""
-        self._dense: Any = None
-        self._dense_lock = threading.Lock()
-        # Compile (or load from numba's cache) the segmentation DP now, not in the first request.
+        """bool [vocab]: which token ids are BM25 terms (what ``keyrank idf`` counts, too)."""
+        self._selector_context = SelectorContext(settings, tokenizer, is_term, self.documents, gateway_dir, self.selector)
+        self._selectors: dict[str, BlockSelector] = {}
+        self._selectors_lock = threading.RLock()  # hybrid builds bm25 and dense while building itself
+        # Build the CPU selectors that load nothing now (BM25's IDF table), not in the first request; and compile
+        # (or load from numba's cache) the segmentation DP.
+        for spec in SELECTOR_REGISTRY.values():
+            if spec.scored_by == "gateway" and not spec.bi_encoder:
+                self.selector(spec.name)
         blocks(tokenizer.encode_documents(["Warm up. The first request should not pay for this."])[0], self.break_costs)
 
     @classmethod
@@ -197,55 +198,28 @@ class Pipeline:
         query_enc = self.tokenizer.encode_query(query, self.settings.query_max_tokens)
         return query_enc, self.documents.encode(documents, max_tokens, self.tokenizer.encode_documents)
 
-    def budget(self, query: Encoded) -> int:
-        """Document tokens that fit next to the query in one model input."""
-        return self.template.document_budget(len(query), self.settings.max_sequence_length)
-
     # --- 2. segment ------------------------------------------------------------------------
-    def segment(self, docs: list[Encoded], spec: StrategySpec, budget: int, max_windows: int | None = None) -> list[Spans]:
-        """Blocks (keyb2) or windows (windowed strategies, at most ``max_windows`` or the service's cap
-        per document) of every document; nothing for firstp."""
-        s = self.settings
-        if spec.cut == "blocks":
-            return self.documents.blocks(docs, lambda d: blocks(d, self.break_costs, s.block_max_tokens, s.block_cost))
-        if spec.windowed:
-            stride = budget if spec.cut == "disjoint" else (s.window_stride or max(1, budget // 2))
-            cap = min(max_windows, s.max_windows_per_doc) if max_windows else s.max_windows_per_doc
-            return [windows(len(d), budget, stride, cap) for d in docs]
-        return []
+    def segment(self, docs: list[Encoded], resolved: Resolved, budget: int) -> list[Spans]:
+        """The pieces of every document, as the strategy's cut makes them (blocks, windows, none)."""
+        return resolved.spec.cut.segment(docs, budget, resolved.max_windows, self.cuts)
 
     # --- 3. select ------------------------------------------------------------------------
-    def block_scores(self, selector: str, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-        """Scores of every block of every document by a gateway selector (select.REGISTRY's ``module``)."""
-        return get_selector(selector).scorer()(self, query_text, query, docs, pieces)
+    def selector(self, name: str) -> BlockSelector:
+        """The gateway selector ``name``, built on first use and kept (it owns its IDF table, its encoder)."""
+        with self._selectors_lock:
+            if name not in self._selectors:
+                self._selectors[name] = SELECTOR_REGISTRY[name].build(self._selector_context)
+            return self._selectors[name]
 
     def cross_selector_inputs(self, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> ModelInputs:
         """Each block alone with the query: what the cross selector scores before assembly."""
         return self.inputs(query, docs, [p for i, sp in enumerate(pieces) for p in window_passages(i, sp)])
 
-    def dense(self):
-        """The bi-encoder selector, loaded on first use (an ONNX Runtime session)."""
-        with self._dense_lock:
-            if self._dense is None:
-                from keyrank.select.dense import DenseSelector
-
-                if self.gateway_dir is None or not (self.gateway_dir / "bi_encoder").is_dir():
-                    raise InvalidRequest("the dense selector's bi-encoder was not prepared (keyrank prepare without --no-bi-encoder)", field="selector")
-                s = self.settings
-                self._dense = DenseSelector(
-                    self.gateway_dir / "bi_encoder", cache_size=s.dense_cache_size, batch_size=s.dense_batch_size, threads=s.dense_threads
-                )
-            return self._dense
-
     # --- 4. assemble ----------------------------------------------------------------------
-    def assemble(self, spec: StrategySpec, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
-                 selector: str | None) -> list[Passage]:
-        """The passages each document contributes, grouped by document."""
-        if spec.cut == "blocks":  # the budget rule and selection rules are settings (strategies/keyb2.py)
-            return keyb2_passages(docs, pieces, block_scores, budget, self.settings, selector=selector)
-        if spec.windowed:
-            return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
-        return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
+    def assemble(self, cut: Cut) -> list[Passage]:
+        """The passages each document contributes, grouped by document (the strategy's cut)."""
+        r = cut.resolved
+        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, self.settings, r.selector)
 
     def inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> ModelInputs:
         """The model's template around the query and each passage's token ranges."""
@@ -253,45 +227,35 @@ class Pipeline:
         return ModelInputs([ids for ids, _ in built], [types for _, types in built])
 
     # --- all of it -----------------------------------------------------------------------------
-    def resolve(self, options: RerankOptions) -> tuple[StrategySpec, str | None]:
-        """The options' strategy row and selector, defaults filled in, unknown names refused."""
-        name = options.strategy or self.settings.default_strategy
-        if name not in REGISTRY:
-            raise InvalidRequest(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}", field="strategy")
-        spec = REGISTRY[name]
-        selector = (options.selector or self.settings.default_selector) if spec.needs_selector else None
-        if selector is not None and selector not in SELECTORS:
-            raise InvalidRequest(f"unknown selector {selector!r}; expected one of {', '.join(SELECTORS)}", field="selector")
-        missing = [p for p in spec.trained_parts if self.gateway_dir is None or not (self.gateway_dir / p).exists()]
-        if missing:
-            raise InvalidRequest(
-                f"strategy {name!r} needs its trained part ({', '.join(missing)}); train it with "
-                f"`keyrank finetune --strategy {name}` and prepare the model again", field="strategy"
-            )
-        return spec, selector
+    def resolve(self, options: RerankOptions | Resolved) -> Resolved:
+        """The options decided against this model and its settings (resolved.py); a ``Resolved`` as it is."""
+        if isinstance(options, Resolved):
+            return options
+        return resolve(options, self.settings, self.template, self.gateway_dir)
 
-    def cut(self, query: str, documents: Sequence[str], options: RerankOptions = RerankOptions(),
+    def cut(self, query: str, documents: Sequence[str], options: RerankOptions | Resolved = RerankOptions(),
             timer: StageTimer | None = None) -> Cut:
         """The plan's first half: tokenize, segment, and score blocks with a CPU selector. For the cross
         selector, ``Cut.selector_inputs`` holds what the model must score before ``finish``."""
         timer = timer or StageTimer()
-        spec, selector = self.resolve(options)
+        resolved = self.resolve(options)
+        selector = resolved.selector
         with timer.stage("tokenize"):
-            query_enc, docs = self.encode(query, documents, options.max_tokens_per_doc)
-        budget = self.budget(query_enc)
+            query_enc, docs = self.encode(query, documents, resolved.max_tokens_per_doc)
+        budget = resolved.budget(len(query_enc))
         with timer.stage("segment"):
-            pieces = self.segment(docs, spec, budget, options.max_windows_per_doc)
+            pieces = self.segment(docs, resolved, budget)
         scores: list[np.ndarray] = []
         selector_inputs = ModelInputs([], [])
-        if spec.needs_selector:
+        if selector is not None:
             with timer.stage("select"):
-                if SELECTOR_REGISTRY[selector].scored_by == "model":  # each block alone first (KeyB2's costliest selector)
+                if selector.scored_by == "model":  # each block alone first (KeyB2's costliest selector)
                     selector_inputs = self.cross_selector_inputs(query_enc, docs, pieces)
                     if not len(selector_inputs):  # no document has a block: nothing to await
                         scores = [np.zeros(0) for _ in pieces]
                 else:
-                    scores = self.block_scores(selector, query, query_enc, docs, pieces)
-        return Cut(query_enc, docs, spec, selector, budget, pieces, scores, selector_inputs)
+                    scores = self.selector(selector.name).score(query, query_enc, docs, pieces)
+        return Cut(query_enc, docs, resolved, budget, pieces, scores, selector_inputs)
 
     def finish(self, cut: Cut, selector_logits: np.ndarray | None = None, timer: StageTimer | None = None) -> Plan:
         """The plan's second half: assemble each document's passages and frame them with the template.
@@ -303,16 +267,16 @@ class Pipeline:
             logits = np.asarray(selector_logits, np.float64)
             cut.block_scores = per_document(logits, cut.pieces)
         with timer.stage("assemble"):
-            passages = self.assemble(cut.spec, cut.docs, cut.pieces, cut.block_scores, cut.budget, cut.selector)
+            passages = self.assemble(cut)
             inputs = self.inputs(cut.query, cut.docs, passages)
-        return Plan(cut.query, cut.docs, cut.spec, cut.selector, cut.budget, cut.pieces, cut.block_scores, cut.selector_inputs,
+        return Plan(cut.query, cut.docs, cut.resolved, cut.budget, cut.pieces, cut.block_scores, cut.selector_inputs,
                     passages, inputs)
 
     def plan(
         self,
         query: str,
         documents: Sequence[str],
-        options: RerankOptions = RerankOptions(),
+        options: RerankOptions | Resolved = RerankOptions(),
         *,
         cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None,
         timer: StageTimer | None = None,

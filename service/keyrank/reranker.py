@@ -29,9 +29,9 @@ from keyrank import metrics
 from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
-from keyrank.pipeline import Pipeline, Plan, RerankOptions, StageTimer
+from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
 from keyrank.scoring import Scorer
-from keyrank.strategies import Passage
+from keyrank.strategies import Passage, StrategySpec
 from keyrank.tokenize import Encoded
 
 __all__ = ["Evidence", "RankedDocument", "Ranking", "RerankOptions", "Reranker", "Usage"]
@@ -140,19 +140,21 @@ class Reranker:
         )
 
     # --- the pipeline -------------------------------------------------------------
-    async def arank(self, query: str, documents: Sequence[str], options: RerankOptions | None = None) -> Ranking:
+    async def arank(self, query: str, documents: Sequence[str], options: RerankOptions | Resolved | None = None) -> Ranking:
         """Rank ``documents`` for ``query``; raises InvalidRequest or ScoringUnavailable.
 
-        The CPU work is ``Pipeline.cut`` / ``Pipeline.finish`` (the one plan ``keyrank finetune`` and
-        ``keyrank bench`` call too) and the fold, each on a worker thread; this coroutine only awaits
-        the scorer: once for the cross selector's blocks (keyb2/cross), once for the plan's sequences."""
-        options = options or RerankOptions()
-        _check(query, documents, options)
-        deadline = time.monotonic() + (options.timeout_s or self.settings.request_timeout_s)
-        timer = StageTimer()
+        ``options`` are decided once (``Pipeline.resolve``; a caller that already resolved them, as the HTTP
+        layer does for admission, passes the ``Resolved``). The CPU work is ``Pipeline.cut`` /
+        ``Pipeline.finish`` (the one plan ``keyrank finetune`` and ``keyrank bench`` call too) and the fold,
+        each on a worker thread; this coroutine only awaits the scorer: once for the cross selector's blocks
+        (keyb2/cross), once for the plan's sequences."""
+        _check(query, documents)
         p = self.pipeline
+        resolved = p.resolve(options or RerankOptions())  # refused before any work
+        deadline = time.monotonic() + resolved.timeout_s
+        timer = StageTimer()
 
-        cut = await asyncio.to_thread(p.cut, query, documents, options, timer)  # resolves names first: refused before any work
+        cut = await asyncio.to_thread(p.cut, query, documents, resolved, timer)
         spec = cut.spec
         logits = None
         if cut.awaits_model:
@@ -164,7 +166,7 @@ class Reranker:
             scores = await self.scorer.score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
 
         results, usage = await asyncio.to_thread(self.fold, plan, scores.logits, scores.pooled, timer)
-        top = results[: options.top_n] if options.top_n else results
+        top = results[: resolved.top_n] if resolved.top_n else results
         return Ranking(self.model_name, spec.name, plan.selector, top, usage, timer.total())
 
     def fold(self, plan: Plan, logits: np.ndarray, pooled: np.ndarray | None, timer: StageTimer | None = None
@@ -175,7 +177,7 @@ class Reranker:
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
-            if spec.needs_selector and self.settings.keyb2_fusion_weight:
+            if plan.resolved.selector is not None and self.settings.keyb2_fusion_weight:
                 fused = fused_with_selector(folded.scores, plan.block_scores, self.settings.keyb2_fusion_weight)
                 folded = Aggregated(fused, folded.best)
             coverage = plan.coverage
@@ -192,7 +194,7 @@ class Reranker:
                 scored_sequences=len(plan.inputs) + len(plan.selector_inputs),
                 truncated_documents=sum(truncated),
             )
-            _observe(spec.name, usage, len(docs), passages, folded.best)
+            _observe(spec, usage, len(docs), passages, folded.best)
         return results, usage
 
     def _aggregator(self, spec):
@@ -319,19 +321,14 @@ class Reranker:
 
 
 
-def _check(query: str, documents: Sequence[str], options: RerankOptions) -> None:
+def _check(query: str, documents: Sequence[str]) -> None:
+    """The Python API's input contract (the HTTP wire types hold the same before a request gets here)."""
     if not isinstance(query, str) or not query.strip():
         raise InvalidRequest("query must be a non-empty string", field="query")
     if len(documents) == 0:
         raise InvalidRequest("documents must hold at least one document", field="documents")
     if any(not isinstance(d, str) for d in documents):
         raise InvalidRequest("every document must be a string", field="documents")
-    if options.top_n is not None and options.top_n < 1:
-        raise InvalidRequest("top_n must be at least 1", field="top_n")
-    if options.max_tokens_per_doc is not None and options.max_tokens_per_doc < 1:
-        raise InvalidRequest("max_tokens_per_doc must be at least 1", field="max_tokens_per_doc")
-    if options.max_windows_per_doc is not None and options.max_windows_per_doc < 1:
-        raise InvalidRequest("max_windows_per_doc must be at least 1", field="max_windows_per_doc")
 
 
 def _evidence(doc: Encoded, passage: Passage) -> list[Evidence]:
@@ -342,15 +339,14 @@ def _evidence(doc: Encoded, passage: Passage) -> list[Evidence]:
     ]
 
 
-def _observe(strategy: str, usage: Usage, n_docs: int, passages: list[Passage], best: np.ndarray) -> None:
+def _observe(spec: StrategySpec, usage: Usage, n_docs: int, passages: list[Passage], best: np.ndarray) -> None:
     metrics.REQUEST_DOCUMENTS.observe(n_docs)
     metrics.REQUEST_TOKENS.observe(usage.document_tokens)
     metrics.SCORED_TOKENS.observe(usage.scored_tokens)
     if usage.truncated_documents:
         metrics.TRUNCATED_DOCUMENTS.inc(usage.truncated_documents)
-    position = metrics.EVIDENCE_BLOCK_POSITION.labels(strategy)
-    chosen = passages if strategy == "keyb2" else [passages[i] for i in best]
-    for passage in chosen:
+    position = metrics.EVIDENCE_BLOCK_POSITION.labels(spec.name)
+    for passage in spec.cut.evidence(passages, best):
         for piece in passage.pieces:
             position.observe(int(piece))
 

@@ -2,10 +2,11 @@
 
 In request order:
 0. the model: the request's ``model`` names one of the served models (``choose_model``; absent = the
-   default, an unknown name -> 422 listing the served names);
+   default, an unknown name -> 422 listing the served names); its pipeline resolves the options once
+   (keyrank/resolved.py: defaults, names, caps), and everything below reads that ``Resolved``;
 1. limits (api/limits.py) -> 422 naming the setting;
-2. admission (keyrank/admission.py): the cost estimated from characters -> 429 + Retry-After when
-   the queued work is at its bound, before any tokenizing;
+2. admission (keyrank/admission.py): the resolved request's cost estimated from characters -> 429 +
+   Retry-After when the queued work is at its bound, before any tokenizing;
 3. ``Reranker.arank`` as a task, raced against the ASGI receive channel: when the client
    disconnects the task is cancelled, which stops the pipeline at its next stage boundary and
    cancels its in-flight Triton calls (the scorer cancels them in its ``finally``); the request is
@@ -41,10 +42,9 @@ from keyrank.api.routes import model_ids
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
 from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
-from keyrank.strategies import get_spec
 
 if TYPE_CHECKING:
-    from keyrank.reranker import RerankOptions
+    from keyrank.resolved import RerankOptions, Resolved
 
 log = logging.getLogger("keyrank.api")
 T = TypeVar("T")
@@ -63,25 +63,24 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns
     into answers and counts."""
     settings: Settings = request.app.state.settings
-    spec = get_spec(options.strategy or settings.default_strategy)
-    request.state.strategy = spec.name
     reranker = choose_model(request, model)
+    resolved = reranker.pipeline.resolve(options)
+    request.state.strategy = resolved.strategy
     check_limits(query, texts, settings)
-    selector = (options.selector or settings.default_selector) if spec.needs_selector else None
     # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
     blank_flags = [is_blank(text) for text in texts]
     readable = [i for i, flag in enumerate(blank_flags) if not flag]
     blank = [i for i, flag in enumerate(blank_flags) if flag]
     if not readable:
-        ranking = Ranking(reranker.model_name, spec.name, selector, [], Usage(0, 0, 0, 0, 0),
+        ranking = Ranking(reranker.model_name, resolved.strategy, resolved.selector_name, [], Usage(0, 0, 0, 0, 0),
                           {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
     else:
-        ranking = await _rank_readable(request, reranker, query, [texts[i] for i in readable], options, spec.name, selector)
+        ranking = await _rank_readable(request, reranker, query, [texts[i] for i in readable], resolved)
         if blank:
             ranking = dataclasses.replace(
                 ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results]
             )
-    ranking = rank_blank_documents_last(ranking, blank, options.top_n)
+    ranking = rank_blank_documents_last(ranking, blank, resolved.top_n)
     request.state.strategy = ranking.strategy
     record(request, "ok")
     return ranking
@@ -102,21 +101,16 @@ def choose_model(request: Request, name: str | None) -> Reranker:
     return rerankers[chosen] if rerankers else request.app.state.reranker
 
 
-async def _rank_readable(
-    request: Request, reranker: Reranker, query: str, texts: list[str], options: RerankOptions, strategy: str, selector: str | None
-) -> Ranking:
+async def _rank_readable(request: Request, reranker: Reranker, query: str, texts: list[str], resolved: Resolved) -> Ranking:
     """Admission, then the pipeline raced against the client's disconnect."""
-    settings: Settings = request.app.state.settings
-    template = reranker.template
-    cost = estimate_sequences(strategy, selector, query, texts, settings, frame_tokens=template.frame_tokens,
-                              max_tokens_per_doc=options.max_tokens_per_doc, max_windows_per_doc=options.max_windows_per_doc)
+    cost = estimate_sequences(resolved, query, texts)
     queue: AdmissionQueue = request.app.state.admission
-    ticket = queue.admit(cost, options.timeout_s)
+    ticket = queue.admit(cost, resolved.timeout_s)
     completed = False
     try:
         with metrics.IN_FLIGHT.track_inprogress():
             # top_n is applied after blank documents are put last.
-            work = reranker.arank(query, texts, dataclasses.replace(options, top_n=None))
+            work = reranker.arank(query, texts, resolved.with_top_n(None))
             ranking = await unless_disconnected(request.receive, work)
         completed = True
     except (InvalidRequest, ScoringUnavailable, Overloaded, ClientClosed):

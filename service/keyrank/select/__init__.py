@@ -1,14 +1,18 @@
 """Stage 3 (keyb2 only): score each block of each document against the query.
 
 ``REGISTRY`` is the one table of selectors, beside the strategies' table: the
-config's ``Selector`` type, the API's enum, ``Pipeline.block_scores``, the
-adaptive budget (strategies/keyb2.py), admission's cost estimate and the
-README's table all read it. Adding a selector is its own module (a
-``score_blocks`` function) and one row here.
+config's ``Selector`` type, the API's enum, request resolution (resolved.py:
+is the bi-encoder there?), the adaptive budget (strategies/keyb2.py),
+admission's cost estimate, training and the README's table all read it.
+Adding a selector is its own module (a ``build(context)`` returning a
+``BlockSelector``) and one row here.
 
-Selectors return scores; choosing blocks under the budget is the keyb2
-strategy's job. This module imports nothing heavy: a row names its module,
-which the pipeline imports on first use.
+A selector is an object built once per pipeline (``Pipeline.selector``) that
+owns its state (an IDF table, an ONNX Runtime session, an embedding cache) and
+is given only what it scores: the query and the documents' blocks. Selectors
+return scores; choosing blocks under the budget is the keyb2 strategy's job.
+This module imports nothing heavy: a row names its module, which the pipeline
+imports on first use.
 """
 
 from __future__ import annotations
@@ -16,7 +20,42 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from keyrank.doc_cache import DocumentCache
+    from keyrank.segment import Spans
+    from keyrank.tokenize import Encoded, TextTokenizer
+
+
+class BlockSelector(Protocol):
+    """Scores every block of every document against the query (a gateway selector, built once per pipeline)."""
+
+    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+        """One score per block of each document: ``query_text`` as sent, ``query`` its (capped) tokens,
+        ``pieces`` each document's blocks."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SelectorContext:
+    """What a selector may be built from: one pipeline's settings, tokenizer and caches, nothing of its flow."""
+
+    settings: Any
+    """The stage parameters (``Settings``: BM25's k1, b and IDF source, the bi-encoder's cache and batch)."""
+    tokenizer: TextTokenizer
+    """The cross-encoder's tokenizer (BM25's terms are its word pieces)."""
+    is_term: np.ndarray
+    """bool [vocab]: which token ids are BM25 terms (no punctuation, no special tokens)."""
+    documents: DocumentCache
+    """Blocks' BM25 terms of documents seen before (doc_cache.py)."""
+    gateway_dir: Path | None
+    """Where the prepared bi-encoder lives (``bi_encoder/``); None: nowhere."""
+    selector: Callable[[str], BlockSelector]
+    """Another selector of the same pipeline, by name (hybrid fuses bm25 and dense)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +68,7 @@ class SelectorSpec:
     """``gateway``: scored in-process on the CPU (``module.score_blocks``); ``model``: every block is sent
     alone with the query to the cross-encoder first (one extra round trip, awaited by the reranker)."""
     module: str | None
-    """The module whose ``score_blocks(pipeline, query_text, query, docs, pieces)`` scores blocks (gateway)."""
+    """The module whose ``build(context: SelectorContext) -> BlockSelector`` makes it (gateway selectors)."""
     ratio_scale: bool
     """Scores are >= 0 with a meaningful zero, so "at least a share of the best block" is a sound rule
     (``keyb2_min_score_share``, the adaptive budget); cosines and logits are not."""
@@ -42,11 +81,11 @@ class SelectorSpec:
     summary: str
     """How it scores blocks (docs and OpenAPI)."""
 
-    def scorer(self) -> Callable:
-        """The module's ``score_blocks`` (gateway selectors)."""
+    def build(self, context: SelectorContext) -> BlockSelector:
+        """The selector object, from its module's ``build`` (gateway selectors)."""
         if self.module is None:
             raise ValueError(f"selector {self.name!r} is scored by the model, not in the gateway")
-        return importlib.import_module(self.module).score_blocks
+        return importlib.import_module(self.module).build(context)
 
 
 REGISTRY: dict[str, SelectorSpec] = {

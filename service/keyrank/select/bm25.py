@@ -8,8 +8,8 @@ come from is ``bm25_idf`` (docs/SELECTION.md, "IDF sources"):
 - ``table``: a ``{token: idf}`` table of the user's collection (``keyrank idf``,
   ``bm25_idf_table``); ``general``: the table shipped with keyrank (idf.py);
   with both, the average block length is the document's own;
-- ``request``: all blocks of all candidates of the request (keyrank before
-  issue 19): a document's score then depends on the other candidates.
+- ``request``: all blocks of all candidates of the request (keyrank's IDF
+  until 2026-11): a document's score then depends on the other candidates.
 
 The first three give a document the same block scores whatever else is sent.
 Defaults k1 = 0.9, b = 0.4 (Anserini). Terms are token ids; punctuation-only
@@ -34,7 +34,7 @@ from keyrank.segment import per_document as per_document_split
 from keyrank.tokenize import TextTokenizer
 
 if TYPE_CHECKING:
-    from keyrank.pipeline import Pipeline
+    from keyrank.select import SelectorContext
     from keyrank.tokenize import Encoded
 
 
@@ -175,18 +175,36 @@ def _saturate(tf: np.ndarray, norm: np.ndarray, k1: float) -> np.ndarray:
     return np.divide(tf * (k1 + 1.0), denominator, out=np.zeros(tf.shape), where=denominator > 0)
 
 
-def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+class Bm25Selector:
     """The ``bm25`` selector: every block of every document scored against the query's terms, IDF from the
-    ``bm25_idf`` source. The blocks' terms come from the document cache (doc_cache.py), extracted by
-    ``block_terms`` with the pipeline's term mask; they do not depend on the source, so the cache serves all."""
-    flat = pipeline.documents.block_terms(docs, pieces, pipeline.is_term)
-    query_terms = query.ids[pipeline.is_term[query.ids]]
-    s = pipeline.settings
-    source = s.bm25_idf
-    table = {"table": pipeline.idf, "general": general_table(pipeline.tokenizer) if source == "general" else None}.get(source)
-    per_document = None if source == "request" else np.fromiter((len(sp) for sp in pieces), dtype=np.int64, count=len(pieces))
-    scores = bm25_scores(query_terms, flat, k1=s.bm25_k1, b=s.bm25_b, idf_table=table, per_document=per_document)
-    return per_document_split(scores, pieces)
+    ``bm25_idf`` source (its table read once, here). The blocks' terms come from the document cache
+    (doc_cache.py), extracted by ``block_terms`` with the term mask; they do not depend on the source, so the
+    cache serves all."""
+
+    def __init__(self, context: SelectorContext):
+        s = context.settings
+        self.k1, self.b, self.source = s.bm25_k1, s.bm25_b, s.bm25_idf
+        self.is_term = context.is_term
+        """bool [vocab]: which token ids count as terms."""
+        self.documents = context.documents
+        """Where the blocks' terms are kept between requests."""
+        self.table = None
+        """The IDF table of ``table`` or ``general``; None: IDF from the blocks themselves."""
+        if self.source == "table":
+            self.table = IdfTable.from_json(s.bm25_idf_table, context.tokenizer)
+        elif self.source == "general":
+            self.table = general_table(context.tokenizer)
+
+    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+        flat = self.documents.block_terms(docs, pieces, self.is_term)
+        query_terms = query.ids[self.is_term[query.ids]]
+        per_document = None if self.source == "request" else np.fromiter((len(sp) for sp in pieces), dtype=np.int64, count=len(pieces))
+        scores = bm25_scores(query_terms, flat, k1=self.k1, b=self.b, idf_table=self.table, per_document=per_document)
+        return per_document_split(scores, pieces)
+
+
+def build(context: SelectorContext) -> Bm25Selector:
+    return Bm25Selector(context)
 
 
 @lru_cache(maxsize=4)

@@ -27,7 +27,7 @@ from keyrank.scoring.local import run_options, session_options
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from keyrank.pipeline import Pipeline
+    from keyrank.select import SelectorContext
     from keyrank.segment import Spans
     from keyrank.tokenize import Encoded
 
@@ -117,6 +117,11 @@ class DenseSelector:
             self.cache.put_many(self.model_id, new_texts, vectors)
         return out
 
+    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+        """The ``dense`` selector (``BlockSelector``): the cosine of the query text and each block's text."""
+        texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
+        return self.score_blocks(query_text, texts)
+
     def score_blocks(self, query: str, block_texts: Sequence[Sequence[str]]) -> list[np.ndarray]:
         """Cosine of every block of every document with the query: float32 [blocks of doc] per document."""
         if not block_texts:
@@ -158,7 +163,10 @@ def _model_identity(folder: Path) -> str:
     return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
-def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-    """The ``dense`` selector: the bi-encoder's cosine of the query text and each block's text."""
-    texts = [[d.text[slice(*d.char_span(a, b))] for a, b in zip(sp.starts, sp.ends)] for d, sp in zip(docs, pieces)]
-    return pipeline.dense().score_blocks(query_text, texts)
+def build(context: SelectorContext) -> DenseSelector:
+    """The ``dense`` selector of a pipeline: its prepared bi-encoder, with the settings' cache and batch size."""
+    s = context.settings
+    if context.gateway_dir is None:
+        raise ModelAssetsMissing("the dense selector needs a prepared model folder (keyrank prepare)")
+    return DenseSelector(context.gateway_dir / "bi_encoder", cache_size=s.dense_cache_size, batch_size=s.dense_batch_size,
+                         threads=s.dense_threads)

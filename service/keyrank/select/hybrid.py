@@ -13,13 +13,12 @@ instead of being ordered by position.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from typing import TYPE_CHECKING
-
 if TYPE_CHECKING:
-    from keyrank.pipeline import Pipeline
+    from keyrank.select import SelectorContext
     from keyrank.segment import Spans
     from keyrank.tokenize import Encoded
 
@@ -53,8 +52,20 @@ def hybrid_scores(lexical: Sequence[np.ndarray], dense: Sequence[np.ndarray], k:
     return [reciprocal_rank_fusion(a, b, k=k) for a, b in zip(lexical, dense)]
 
 
-def score_blocks(pipeline: Pipeline, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-    """The ``hybrid`` selector: reciprocal rank fusion of the bm25 and the dense ranking of each document's blocks."""
-    lexical = pipeline.block_scores("bm25", query_text, query, docs, pieces)
-    dense = pipeline.block_scores("dense", query_text, query, docs, pieces)
-    return hybrid_scores(lexical, dense, k=pipeline.settings.hybrid_rrf_k)
+class HybridSelector:
+    """The ``hybrid`` selector: reciprocal rank fusion of the bm25 and the dense ranking of each document's blocks
+    (the pipeline's own bm25 and dense selectors, so their caches are shared)."""
+
+    def __init__(self, context: SelectorContext):
+        self.lexical = context.selector("bm25")
+        self.dense = context.selector("dense")
+        self.k = context.settings.hybrid_rrf_k
+        """The RRF constant (``hybrid_rrf_k``)."""
+
+    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+        return hybrid_scores(self.lexical.score(query_text, query, docs, pieces),
+                             self.dense.score(query_text, query, docs, pieces), k=self.k)
+
+
+def build(context: SelectorContext) -> HybridSelector:
+    return HybridSelector(context)

@@ -5,18 +5,20 @@ A strategy turns a tokenized document (and, for keyb2, its scored blocks) into
 after the query. Pure functions over arrays: no I/O, no HTTP, no Triton.
 
 ``REGISTRY`` is the one table of strategies: the config's ``Strategy`` type,
-the API's enum, the README's table and the pipeline's branches all read it,
-so adding a strategy is one row here (plus its cut or aggregation if new).
+the API's enum and the README's table read it, and each row carries its
+behaviour: its cut (``cuts.py``: segmentation, assembly, cost) and its
+aggregation (aggregate.py). Adding a strategy is one row here, plus a
+``DocumentCut`` in ``cuts.py`` or an aggregation if it needs a new one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-import numpy as np
+from keyrank.strategies.passage import Passage
+from keyrank.strategies.cuts import BLOCKS, DISJOINT, PREFIX, SLIDING, DocumentCut
 
-Cut = Literal["prefix", "sliding", "disjoint", "blocks"]
+__all__ = ["REGISTRY", "STRATEGIES", "Passage", "StrategySpec", "get_spec", "markdown_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +27,11 @@ class StrategySpec:
 
     name: str
     """The API's name for it."""
-    cut: Cut
-    """``prefix``: the first tokens; ``sliding``: overlapping windows (stride = half by default);
-    ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2)."""
+    cut: DocumentCut
+    """How the document is read (cuts.py): ``prefix``: the first tokens; ``sliding``: overlapping windows
+    (stride = half by default); ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2)."""
     aggregation: str
     """How sequence scores become a document score (aggregate.py ``METHODS``)."""
-    needs_selector: bool = False
-    """Blocks are scored by a selector (bm25, dense, hybrid, cross) before assembly."""
     needs_pooled: bool = False
     """The model must also return each sequence's pooled vector."""
     trained_parts: tuple[str, ...] = ()
@@ -40,28 +40,33 @@ class StrategySpec:
     """What the cross-encoder reads and how the document is scored (docs and OpenAPI)."""
 
     @property
+    def needs_selector(self) -> bool:
+        """Blocks are scored by a selector (bm25, dense, hybrid, cross) before assembly."""
+        return self.cut.selects
+
+    @property
     def windowed(self) -> bool:
         """Several sequences per document, each a window of it."""
-        return self.cut in ("sliding", "disjoint")
+        return self.cut.windowed
 
 
 REGISTRY: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
-        StrategySpec("firstp", "prefix", "single", summary="the first document tokens that fit; its score"),
-        StrategySpec("maxp", "sliding", "max", summary="sliding windows; max of window scores"),
-        StrategySpec("sump", "sliding", "sum", summary="sliding windows; sum of window scores"),
-        StrategySpec("avgp", "disjoint", "mean", summary="disjoint chunks; mean of chunk scores"),
-        StrategySpec("parade-max", "sliding", "parade-max", needs_pooled=True,
+        StrategySpec("firstp", PREFIX, "single", summary="the first document tokens that fit; its score"),
+        StrategySpec("maxp", SLIDING, "max", summary="sliding windows; max of window scores"),
+        StrategySpec("sump", SLIDING, "sum", summary="sliding windows; sum of window scores"),
+        StrategySpec("avgp", DISJOINT, "mean", summary="disjoint chunks; mean of chunk scores"),
+        StrategySpec("parade-max", SLIDING, "parade-max", needs_pooled=True,
                      summary="sliding windows; classifier head on the element-wise max of pooled vectors"),
-        StrategySpec("parade-avg", "sliding", "parade-avg", needs_pooled=True,
+        StrategySpec("parade-avg", SLIDING, "parade-avg", needs_pooled=True,
                      summary="sliding windows; classifier head on the mean pooled vector"),
-        StrategySpec("parade-attn", "sliding", "trained", needs_pooled=True, trained_parts=("parade-attn.onnx",),
+        StrategySpec("parade-attn", SLIDING, "trained", needs_pooled=True, trained_parts=("parade-attn.onnx",),
                      summary="sliding windows; trained attention over pooled vectors (PARADE-Attn)"),
-        StrategySpec("parade-transformer", "sliding", "trained", needs_pooled=True,
+        StrategySpec("parade-transformer", SLIDING, "trained", needs_pooled=True,
                      trained_parts=("parade-transformer.onnx",),
                      summary="sliding windows; trained transformer over pooled vectors (PARADE-Transformer)"),
-        StrategySpec("keyb2", "blocks", "max", needs_selector=True,
+        StrategySpec("keyb2", BLOCKS, "max",
                      summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
                              "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),
     )
@@ -75,7 +80,7 @@ def markdown_table() -> str:
     for spec in REGISTRY.values():
         needs = [n for n, on in (("a selector", spec.needs_selector), ("pooled vectors", spec.needs_pooled)) if on]
         needs += [f"trained `{part}`" for part in spec.trained_parts]
-        rows.append(f"| `{spec.name}` | {spec.cut} | {spec.summary} | {', '.join(needs) or '-'} |")
+        rows.append(f"| `{spec.name}` | {spec.cut.name} | {spec.summary} | {', '.join(needs) or '-'} |")
     return "\n".join(rows)
 
 
@@ -85,21 +90,3 @@ def get_spec(name: str) -> StrategySpec:
         return REGISTRY[name]
     except KeyError:
         raise KeyError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Passage:
-    """What one model input holds of one document."""
-
-    doc: int
-    """Index of the document in the request."""
-    starts: np.ndarray
-    """int64 [k] token ranges of the document, in document order ..."""
-    ends: np.ndarray
-    """int64 [k] ... concatenated, they are the passage."""
-    pieces: np.ndarray
-    """int64 [k] index of each range's block or window (the evidence position)."""
-
-    @property
-    def n_tokens(self) -> int:
-        return int((self.ends - self.starts).sum())

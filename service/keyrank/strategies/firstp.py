@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from keyrank.strategies import Passage
+from keyrank.strategies.passage import Passage
 
 
 def first_passage(doc: int, n_tokens: int, budget: int) -> Passage:

@@ -34,7 +34,7 @@ import numpy as np
 from keyrank.segment import Spans
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
-from keyrank.strategies import Passage
+from keyrank.strategies.passage import Passage
 from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from keyrank.segment import Spans
-from keyrank.strategies import Passage
+from keyrank.strategies.passage import Passage
 
 
 def window_passages(doc: int, spans: Spans) -> list[Passage]:

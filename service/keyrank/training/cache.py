@@ -28,17 +28,11 @@ from keyrank.training.judged import JudgedQuery
 from keyrank.training.planned import PlannedQuery
 
 
-SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_selector")
-"""Settings that shape only keyb2's inputs (its blocks and their selection); windows never read them."""
-
-
 def shaping(settings: dict, strategy: str) -> dict:
-    """The settings ``strategy``'s model inputs depend on: all of them for keyb2, none of keyb2's
-    selection settings for a windows strategy, so a student's keyb2 setting (``--set keyb2_passes=2``)
-    reads the windows teacher's cache instead of scoring every candidate again."""
-    if REGISTRY[strategy].cut == "blocks":
-        return settings
-    return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
+    """The settings ``strategy``'s model inputs depend on (its cut's ``input_settings``): all of them for keyb2,
+    none of keyb2's selection settings for a windows strategy, so a student's keyb2 setting
+    (``--set keyb2_passes=2``) reads the windows teacher's cache instead of scoring every candidate again."""
+    return REGISTRY[strategy].cut.input_settings(settings)
 
 
 def cache_key(fingerprint: str, settings: dict, what: str) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.training import parade
 from keyrank.training.cache import PooledVectors, TeacherScores, cache_key, shaping
 from keyrank.training.losses import distillation, ranking_loss
@@ -76,7 +77,7 @@ class _Run:
         self.spec = spec_of(c.strategy)
         self.out = Path(c.out)
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        needs_dense = self.spec.needs_selector and c.selector in ("dense", "hybrid")
+        needs_dense = self.spec.needs_selector and SELECTOR_REGISTRY[c.selector].bi_encoder
         self.manifest = prepare(c.model, self.out / "base", bi_encoder="auto" if needs_dense else None)
         self.settings = get_settings().with_overrides(model_dir=self.out / "base", **c.settings)
         self.pipeline = Pipeline.from_model_dir(self.settings)
@@ -264,7 +265,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
             "metric, and the last epoch is kept; give more queries or --dev-max-queries > 0")
     selector = c.selector if run.spec.needs_selector else None
     cross = None
-    if selector == "cross":  # blocks selected by the base model, as served before fine-tuning
+    if selector and SELECTOR_REGISTRY[selector].scored_by == "model":  # blocks selected by the base model, as served before fine-tuning
         cross = lambda inputs: run.reranker().scorer.score_sync(inputs, want_pooled=False).logits
     train = plan_all(run.pipeline, train_j, c.strategy, selector, cross, desc="plan train", progress=c.progress)
     dev = plan_all(run.pipeline, dev_j, c.strategy, selector, cross, desc="plan dev", progress=c.progress)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from keyrank.pipeline import Pipeline, RerankOptions
+from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
 from keyrank.strategies import REGISTRY, StrategySpec
 from keyrank.training.judged import JudgedQuery
@@ -66,11 +66,10 @@ class PlannedQuery:
         return np.repeat(np.arange(len(docs)), [len(self.sequences(d)) for d in docs])
 
 
-def plan_query(pipeline: Pipeline, judged: JudgedQuery, strategy: str, selector: str | None = None,
+def plan_query(pipeline: Pipeline, judged: JudgedQuery, resolved: Resolved,
                cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None) -> PlannedQuery:
     """One request's plan, kept as compact arrays."""
-    plan = pipeline.plan(judged.query, list(judged.texts), RerankOptions(strategy=planning_strategy(strategy), selector=selector),
-                         cross_scorer=cross_scorer)
+    plan = pipeline.plan(judged.query, list(judged.texts), resolved, cross_scorer=cross_scorer)
     counts = np.bincount(plan.doc_of, minlength=len(judged.texts))
     return PlannedQuery(
         judged,
@@ -82,8 +81,10 @@ def plan_query(pipeline: Pipeline, judged: JudgedQuery, strategy: str, selector:
 
 def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], strategy: str, selector: str | None = None,
              cross_scorer=None, *, desc: str = "plan", progress: bool = True) -> list[PlannedQuery]:
-    """Every query planned (a progress bar: a QMSum query group is ~12k tokens to cut and select)."""
-    return [plan_query(pipeline, q, strategy, selector, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
+    """Every query planned as the server would plan it, the options resolved once for all of them (a progress
+    bar: a QMSum query group is ~12k tokens to cut and select)."""
+    resolved = pipeline.resolve(RerankOptions(strategy=planning_strategy(strategy), selector=selector))
+    return [plan_query(pipeline, q, resolved, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
 
 
 @dataclass(frozen=True, slots=True)

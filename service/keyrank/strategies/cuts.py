@@ -1,0 +1,177 @@
+"""How a strategy reads a document: one object per cut, owning its segmentation, assembly and cost.
+
+A strategy's registry row names one of these (``StrategySpec.cut``); the
+pipeline, admission, training and the metrics call its methods instead of
+branching on its name, so a new way of reading a document is one class here
+and the rows that use it:
+
+- ``segment``: the pieces of each document (stage 2: blocks, windows, none);
+- ``assemble``: the passages each document contributes (stage 4), from its
+  pieces and, for a selecting cut, the selector's block scores;
+- ``sequences``: admission's estimate of the cross-encoder inputs it costs,
+  from a token count guessed from characters, with the same stride and caps
+  that ``segment`` uses, so the estimate cannot drift from what is scored;
+- ``evidence``: which passages a document's score rests on (the metrics'
+  evidence position);
+- ``input_settings``: which settings its model inputs depend on (training's
+  cache keys).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from keyrank.segment import Spans, blocks, windows
+from keyrank.strategies.firstp import first_passage
+from keyrank.strategies.keyb2 import keyb2_passages
+from keyrank.strategies.passage import Passage
+from keyrank.strategies.windows import window_passages
+from keyrank.tokenize import Encoded
+
+if TYPE_CHECKING:
+    from keyrank.doc_cache import DocumentCache
+    from keyrank.resolved import Resolved
+    from keyrank.select import SelectorSpec
+
+SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_selector")
+"""Settings that shape only the blocks cut's inputs (its blocks and their selection); windows never read them."""
+
+
+@dataclass(frozen=True, slots=True)
+class CutContext:
+    """What cutting needs of one pipeline, built once with it."""
+
+    settings: Any
+    """The stage parameters (``Settings``: block size, stride, caps, keyb2's rules)."""
+    break_costs: np.ndarray
+    """float64 [vocab] cost of a block break after each token (segment.token_break_costs)."""
+    documents: DocumentCache
+    """Blocks of documents seen before, by content (doc_cache.py)."""
+
+
+class DocumentCut(ABC):
+    """One way of reading a document; the subclasses below are the four the strategies use."""
+
+    name: str = ""
+    """The registry's and the README's name for it."""
+    windowed: bool = False
+    """Several sequences per document, each a window of it (the windows strategies)."""
+    selects: bool = False
+    """Its pieces are scored by a block selector before assembly (keyb2)."""
+
+    @abstractmethod
+    def segment(self, docs: list[Encoded], budget: int, max_windows: int, ctx: CutContext) -> list[Spans]:
+        """The pieces of every document; ``budget``: document tokens that fit next to the query."""
+
+    @abstractmethod
+    def assemble(self, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
+                 settings: Any, selector: SelectorSpec | None) -> list[Passage]:
+        """The passages each document contributes, grouped by document."""
+
+    @abstractmethod
+    def sequences(self, tokens: np.ndarray, window: int, plan: Resolved) -> float:
+        """Cross-encoder inputs the documents cost, from their (estimated) token counts ``tokens`` and the
+        document tokens one input holds (``window``)."""
+
+    def evidence(self, passages: Sequence[Passage], best: np.ndarray) -> list[Passage]:
+        """The passages the documents' scores rest on: each document's best one."""
+        return [passages[i] for i in best]
+
+    def input_settings(self, settings: dict) -> dict:
+        """The settings its model inputs depend on: none of the block selection's."""
+        return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
+
+    def __repr__(self) -> str:
+        return f"<cut {self.name}>"
+
+
+class PrefixCut(DocumentCut):
+    """FirstP: the first document tokens that fit; everything after them is never read."""
+
+    name = "prefix"
+
+    def segment(self, docs, budget, max_windows, ctx):
+        return []
+
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+        return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
+
+    def sequences(self, tokens, window, plan):
+        return float(len(tokens))
+
+
+class WindowCut(DocumentCut):
+    """Windows of ``budget`` tokens every ``stride`` tokens, at most ``max_windows`` per document."""
+
+    windowed = True
+
+    @abstractmethod
+    def stride(self, window: int, settings: Any) -> int:
+        """Tokens between the starts of two windows."""
+
+    def segment(self, docs, budget, max_windows, ctx):
+        step = self.stride(budget, ctx.settings)
+        return [windows(len(d), budget, step, max_windows) for d in docs]
+
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+        return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
+
+    def sequences(self, tokens, window, plan):
+        count = 1 + np.ceil(np.maximum(tokens - window, 0) / self.stride(window, plan.settings))
+        return float(np.sum(np.minimum(count, plan.max_windows)))
+
+
+class SlidingCut(WindowCut):
+    """MaxP, SumP, PARADE: overlapping windows, half a window apart unless ``window_stride`` says otherwise."""
+
+    name = "sliding"
+
+    def stride(self, window, settings):
+        return settings.window_stride or max(1, window // 2)
+
+
+class DisjointCut(WindowCut):
+    """AvgP: back-to-back chunks."""
+
+    name = "disjoint"
+
+    def stride(self, window, settings):
+        return window
+
+
+class BlockCut(DocumentCut):
+    """KeyB2: CogLTX blocks, scored by a selector; the best that fit are read (``keyb2_passes`` inputs at most)."""
+
+    name = "blocks"
+    selects = True
+
+    def segment(self, docs, budget, max_windows, ctx):
+        s = ctx.settings
+        return ctx.documents.blocks(docs, lambda d: blocks(d, ctx.break_costs, s.block_max_tokens, s.block_cost))
+
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+        return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector.name if selector else None)
+
+    def sequences(self, tokens, window, plan):
+        """One reading per document, up to ``keyb2_passes`` while the text lasts, plus the selector's own work
+        on every block (its row's ``sequences_per_block``)."""
+        s = plan.settings
+        per_block = plan.selector.sequences_per_block if plan.selector else 0.0
+        reads = np.minimum(s.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
+        return float(np.sum(reads) + per_block * np.sum(np.ceil(tokens / s.block_max_tokens)))
+
+    def evidence(self, passages, best):
+        """Every passage: each selected block is evidence, whichever pass scored best."""
+        return list(passages)
+
+    def input_settings(self, settings):
+        return settings
+
+
+PREFIX, SLIDING, DISJOINT, BLOCKS = PrefixCut(), SlidingCut(), DisjointCut(), BlockCut()
+"""The cuts the registry's rows name (one instance each: rows compare them by identity)."""
