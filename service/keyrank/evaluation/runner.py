@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from keyrank.evaluation.queries import EvalQuery
 from keyrank.pipeline import RerankOptions
+from keyrank.strategies import REGISTRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +40,11 @@ class System:
 
 
 def systems(strategies: Iterable[str], selectors: Iterable[str]) -> list[System]:
-    """keyb2 once per selector, every other strategy once."""
+    """A strategy that selects (keyb2) once per selector, every other strategy once."""
     out: list[System] = []
     for strategy in strategies:
-        if strategy == "keyb2":
-            out.extend(System("keyb2", s) for s in selectors)
+        if REGISTRY[strategy].needs_selector:
+            out.extend(System(strategy, s) for s in selectors)
         else:
             out.append(System(strategy))
     return out
