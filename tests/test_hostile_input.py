@@ -127,9 +127,12 @@ def test_a_compressed_body_is_a_415_naming_the_content_encoding(dead_client, pat
 
 # Queries that once failed tests/test_schemathesis.py at random: the schema's \S took them, the server did not.
 SCHEMATHESIS_FINDINGS = ["\u001f", "\u001e", "\u001c\u001d", "\u0085", "\ufeff"]
+# Queries the model would read nothing of (they once got 200 with query_tokens 0): NUL, controls, combining
+# marks, zero-width and bidi characters, a Hangul filler.
+NOTHING_TO_READ = ["\x00", "\x00\x01\x07\x7f", "\u0301\u0302", "\u200b\u2060", "\u200f\u202e", "\u3164"]
 
 
-@pytest.mark.parametrize("query", SCHEMATHESIS_FINDINGS + [" \t\n", "\u3000\u2028"])
+@pytest.mark.parametrize("query", SCHEMATHESIS_FINDINGS + NOTHING_TO_READ + [" \t\n", "\u3000\u2028"])
 @pytest.mark.parametrize("path", ROUTES)
 def test_a_query_the_schema_calls_blank_is_refused_and_one_it_takes_is_not(dead_client, path, query):
     schema = dead_client.get("/openapi.json").json()["components"]["schemas"]
@@ -142,6 +145,16 @@ def test_a_query_the_schema_calls_blank_is_refused_and_one_it_takes_is_not(dead_
     assert response.status_code == 422 and "non-whitespace" in _message(response)
     taken = dead_client.post(path, json=_body(path, query + "q", ["a"]))
     assert taken.status_code == 503  # past validation, on to the (dead) scorer
+
+
+@pytest.mark.parametrize("query", NOTHING_TO_READ + ["   "])
+def test_the_python_api_refuses_a_query_with_nothing_to_read_as_the_routes_do(query):
+    from keyrank.errors import InvalidRequest
+    from keyrank.reranker import _check
+
+    with pytest.raises(InvalidRequest, match="readable character"):
+        _check(query, ["a document"])
+    _check(query + "q", ["a document"])
 
 
 def test_generated_tests_draw_the_same_examples_on_every_run():

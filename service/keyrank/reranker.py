@@ -27,6 +27,7 @@ import numpy as np
 
 from keyrank import metrics
 from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
+from keyrank.blank import is_readable_query
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
@@ -323,8 +324,9 @@ class Reranker:
 
 def _check(query: str, documents: Sequence[str]) -> None:
     """The Python API's input contract (the HTTP wire types hold the same before a request gets here)."""
-    if not isinstance(query, str) or not query.strip():
-        raise InvalidRequest("query must be a non-empty string", field="query")
+    if not isinstance(query, str) or not is_readable_query(query):
+        raise InvalidRequest("query must be a string with a readable character (not only whitespace, control, zero-width "
+                             "or combining characters)", field="query")
     if len(documents) == 0:
         raise InvalidRequest("documents must hold at least one document", field="documents")
     if any(not isinstance(d, str) for d in documents):

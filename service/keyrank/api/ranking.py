@@ -12,7 +12,7 @@ In request order:
    cancels its in-flight Triton calls (the scorer cancels them in its ``finally``); the request is
    counted as ``client_closed``, never as an outage;
 4. blank documents (nothing to read: empty, whitespace, zero-width, control or format characters,
-   combining marks alone) are not worth a score: they never reach the pipeline and rank last
+   combining marks alone; keyrank/blank.py) are not worth a score: they never reach the pipeline and rank last
    (``BLANK_DOCUMENT_SCORE``);
 5. one ``keyrank_requests_total`` count per request, whatever the outcome, labelled with the model
    (api/errors.py for the failures).
@@ -23,11 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import functools
 import logging
-import re
-import sys
-import unicodedata
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -39,6 +35,7 @@ from keyrank.admission import AdmissionQueue, estimate_sequences
 from keyrank.api.errors import record
 from keyrank.api.limits import check_limits
 from keyrank.api.routes import model_ids
+from keyrank.blank import is_blank
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
 from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
@@ -52,12 +49,6 @@ T = TypeVar("T")
 BLANK_DOCUMENT_SCORE = -10_000.0
 """relevance_score of a blank document: below any cross-encoder logit or sum of them, so it ranks
 after every document with text (0.0 after the vendor routes' sigmoid)."""
-INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Mn", "Me", "Zs", "Zl", "Zp"})
-"""Unicode categories that print nothing by themselves: controls, format (zero-width, U+2060, soft
-hyphen, bidi marks), combining marks without a base, spaces and separators."""
-BLANK_LETTERS = "\u115f\u1160\u3164\uffa0\u2800"
-"""Hangul fillers (letters that Unicode marks default-ignorable) and the blank Braille cell."""
-
 
 async def rank(request: Request, query: str, texts: Sequence[str], options: RerankOptions, model: str | None = None) -> Ranking:
     """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns
@@ -147,26 +138,6 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def is_blank(text: str) -> bool:
-    """True when ``text`` has nothing to read: no character that prints by itself."""
-    return _readable_character().search(text) is None
-
-
-@functools.cache
-def _readable_character() -> re.Pattern[str]:
-    """Any character not in INVISIBLE_CATEGORIES or BLANK_LETTERS (built once: ~0.2 s over all code points)."""
-    invisible = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) in INVISIBLE_CATEGORIES]
-    invisible += [ord(c) for c in BLANK_LETTERS]
-    ranges: list[list[int]] = []
-    for c in sorted(invisible):
-        if ranges and ranges[-1][1] == c - 1:
-            ranges[-1][1] = c
-        else:
-            ranges.append([c, c])
-    members = "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges)
-    return re.compile(f"[^{members}]")
 
 
 def rank_blank_documents_last(ranking: Ranking, blank: Sequence[int], top_n: int | None) -> Ranking:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar
 
+from keyrank.blank import READABLE, is_readable_query
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 EXAMPLE_QUERY = "what is the capital of the united states"
@@ -37,19 +37,17 @@ class VendorRequest(Wire):
     """``model`` values that name no model (a client's placeholder): never reported as another model."""
 
 
-WHITESPACE = r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
-"""Whitespace to ECMA-262's ``\\s`` or to Python's ``str.isspace`` (the union: they differ on U+001C-U+001F,
-U+0085 and U+FEFF), spelled out so the schema's regex engine and ours read the same class."""
-NON_BLANK = f"[^{WHITESPACE}]"
-"""JSON Schema pattern of a query: at least one non-whitespace character (checked with a readable message).
-Not ``\\S``: a schemathesis query of "\\u001f" matched it and got a 422 from ``str.strip``."""
-_NON_BLANK = re.compile(NON_BLANK)
+NON_BLANK = READABLE
+"""JSON Schema pattern of a query: at least one character that prints by itself (keyrank/blank.py), checked
+with a readable message by ``non_blank``, which applies this very pattern (a schemathesis query that matched
+the pattern once got a 422 from a different test)."""
 
 
 def non_blank(query: str) -> str:
-    """The query, unless it has nothing but WHITESPACE: the same test as the schema's pattern."""
-    if _NON_BLANK.search(query) is None:
-        raise ValueError("query must contain a non-whitespace character")
+    """The query, unless it has nothing to read (whitespace, controls, zero-width or combining marks alone): the
+    same test as the schema's pattern."""
+    if not is_readable_query(query):
+        raise ValueError("query must contain a non-whitespace, readable character (not only control, zero-width or combining characters)")
     return query
 
 
