@@ -7,7 +7,7 @@ in document order so the model reads them as the text runs (or, with
 wherever it sat in the document).
 
 ``SelectionRules`` switches on variants that may read better (issue 7), each
-measured by scripts/selection_ablation.py (docs/SELECTION.md):
+measured by docs/experiments/selection_ablation.py (docs/SELECTION.md):
 
 - keep the lead block: many documents state their topic first;
 - neighbour expansion: the top blocks fill only part of the budget, then their
