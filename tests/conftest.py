@@ -22,7 +22,7 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "keyrank")
 def prepared_models() -> Path:
     """`keyrank prepare` of the real cross-encoder (and bi-encoder) into the repository's models/.
 
-    Idempotent: the first session exports (~30 s), later ones only verify fingerprints (<1 s).
+    Idempotent: the first test run exports (~30 s), later ones only verify fingerprints (<1 s).
     ``KEYRANK_TEST_MODEL_DIR`` points the tests at another directory (prepared there if needed).
     """
     if not CE_MODEL.is_dir():

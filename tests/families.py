@@ -23,7 +23,7 @@ from shared_data import DATASETS
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 FAMILIES: tuple[str, ...] = ("bert", "electra", "xlm-roberta", "roberta", "deberta-v2", "modernbert", "qwen3")
-"""Every family `build_family` knows, in the order issue 8 lists them."""
+"""Every family `build_family` knows, in the order docs/GUIDE.md's family table lists them."""
 
 DECODER_FAMILIES: frozenset[str] = frozenset({"qwen3"})
 """Families scored by a causal LM's yes/no logits (load with AutoModelForCausalLM), not a classifier head."""

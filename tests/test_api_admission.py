@@ -252,7 +252,7 @@ def test_measure_capacity(prepared_models, embedded_triton):
 
 @pytest.mark.triton
 def test_a_request_too_costly_for_its_deadline_gets_a_422_at_once_over_http(prepared_models, embedded_triton):
-    # The case with the shipped defaults: 4 documents of ~18k tokens each, every window scored,
+    # The reported case with the shipped defaults: 4 documents of ~18k tokens each, every window scored,
     # ran the full 30 s and got a 503 whose "retry after 1 s" could never succeed.
     settings = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url)
     heavy = {"query": "cheese farm", "strategy": "maxp", "documents": [_words(18_000, seed) for seed in range(4)]}

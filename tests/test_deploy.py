@@ -73,7 +73,7 @@ def gpu_objects(helm: str) -> list[dict]:
 
 SERVED = {"served": [{"name": "base", "model": "cross-encoder/ms-marco-MiniLM-L-6-v2"}, {"name": "ft", "model": "/checkpoints/ft"}],
           "default": "ft"}
-"""Two models side by side (issue 20): values of models.served and models.default."""
+"""Two models side by side: values of models.served and models.default."""
 
 
 @pytest.fixture(scope="module")

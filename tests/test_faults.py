@@ -251,7 +251,7 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
 def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_maxp_requests(embedded_triton, reranker):
     # The arena kept every burst's peak: 2.37 GB resident, never shrinking; then, shrunk after each run,
     # the peak still grew with what the batcher merged (806 MB). Runs of at most RUN_TOKENS tokens bound
-    # it (docs/RELIABILITY.md: peak under 600 MB, 400 MB kept; scripts/stub_memory.py measures both).
+    # it (docs/RELIABILITY.md: peak under 600 MB, 400 MB kept; docs/experiments/stub_memory.py measures both).
     import random
     from concurrent.futures import ThreadPoolExecutor
 

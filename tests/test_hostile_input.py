@@ -1,4 +1,4 @@
-"""Hostile input (issue 16): lone surrogates, invisible documents, JSON that Python's parser takes
+"""Hostile input: lone surrogates, invisible documents, JSON that Python's parser takes
 and JSON does not, bodies nested 100,000 deep, unknown field names of any size. None is a 5xx;
 each 4xx names the problem; the connection keeps answering after it.
 

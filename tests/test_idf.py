@@ -1,4 +1,4 @@
-"""Stable BM25 scores (issue 19): a document's score and evidence do not depend on the other candidates.
+"""Stable BM25 scores: a document's score and evidence do not depend on the other candidates.
 
 The IDF sources (``KEYRANK_BM25_IDF``): ``document`` (the document's own blocks), ``table`` (a
 collection's table, ``keyrank idf --docs``), ``general`` (the table keyrank ships, ``keyrank idf

@@ -1,4 +1,4 @@
-"""keyb2 read in up to three passes, and fused with its selector's evidence (issue 19, item 3)."""
+"""keyb2 read in up to three passes, and fused with its selector's evidence."""
 
 from __future__ import annotations
 

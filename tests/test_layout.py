@@ -1,4 +1,4 @@
-"""The package's rooms by lifecycle (README, "Where a change goes"), pinned by its imports.
+"""The package's rooms by lifecycle (docs/ARCHITECTURE.md, "Where a change goes"), pinned by its imports.
 
 Every import is read from the source (module level and inside functions alike,
 ``if TYPE_CHECKING`` blocks excepted), so a lazy import cannot hide an arrow.

@@ -1,4 +1,4 @@
-"""Several models, one deployment (issue 20, item 2): the real cross-encoder ("base") and a tiny BERT fine-tuned
+"""Several models, one deployment (docs/API.md): the real cross-encoder ("base") and a tiny BERT fine-tuned
 by `keyrank finetune` on the toy judged set ("tiny") served side by side; the request's ``model`` picks one on every route, absent = the default, an unknown
 name is a 422 listing both, discovery lists both, metrics carry the model.
 

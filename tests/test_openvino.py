@@ -1,4 +1,4 @@
-"""The openvino-bf16 CPU variant (issue 18): `keyrank prepare` picks it by default where the CPU computes
+"""The openvino-bf16 CPU variant: `keyrank prepare` picks it by default where the CPU computes
 bfloat16 and the quality gate passes; both CPU paths (the embedded Triton's model.py and Reranker.local)
 run it on OpenVINO and agree; a cancelled request stops its run; the stub's memory stays bounded; and
 without OpenVINO the served fp32 export runs on ONNX Runtime with fp32's scores.

@@ -1,4 +1,4 @@
-"""KeyB2 selection variants (issue 7): budget rule, lead block, neighbours, hybrid RRF, near-duplicates."""
+"""KeyB2 selection variants (docs/SELECTION.md): budget rule, lead block, neighbours, hybrid RRF, near-duplicates."""
 
 from __future__ import annotations
 

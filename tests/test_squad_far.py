@@ -1,4 +1,4 @@
-"""SQuAD far-relevant, built for training (issue 19): a question's own context inserted deep into
+"""SQuAD far-relevant, built for training: a question's own context inserted deep into
 other articles' text, among same-article distractors; training reads only the train half of the
 articles, by a fixed hash of the title."""
 

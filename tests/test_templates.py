@@ -178,7 +178,7 @@ def test_text_spelling_a_special_token_never_encodes_to_a_special_id(prepared, k
 
 
 def test_real_model_pad_flood_no_longer_lifts_an_irrelevant_document(prepared_models):
-    """Issue 8's report: 20 x ' [PAD]' lifted an irrelevant document from -2.7 to -1.1."""
+    """The bug reported on 2026-11-23: 20 x ' [PAD]' lifted an irrelevant document from -2.7 to -1.1."""
     reranker = Reranker.local(prepared_models)
     doc = "The weather in the north was cold and wet all week."
     scores = [reranker.rank("who won the football cup final", [d], strategy="firstp").results[0].score

@@ -1,4 +1,4 @@
-"""CPU variants of the cross-encoder (issue 18): the fused default both CPU paths load, the quality gate
+"""CPU variants of the cross-encoder: the fused default both CPU paths load, the quality gate
 that refuses a variant with its numbers, and a failed `keyrank prepare` that leaves nothing half-made."""
 
 from __future__ import annotations

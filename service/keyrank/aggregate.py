@@ -7,7 +7,7 @@ cross-encoder's own classification head; ``trained``: a learned aggregator over 
 pooled vectors (PARADE-Attn / PARADE-Transformer, aggregators.py). Vectorised with ``reduceat`` over the
 sequences, which come grouped by document.
 
-``fused_with_selector``: keyb2's folded scores plus the selector's own evidence (issue 19), a setting.
+``fused_with_selector``: keyb2's folded scores plus the selector's own evidence, a setting.
 """
 
 from __future__ import annotations

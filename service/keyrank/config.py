@@ -119,7 +119,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _idf_source(self) -> Settings:
         if self.bm25_idf_table is not None and "bm25_idf" not in self.model_fields_set:
-            self.bm25_idf = "table"  # KEYRANK_BM25_IDF_TABLE alone, as before issue 19: the table is what is wanted
+            self.bm25_idf = "table"  # KEYRANK_BM25_IDF_TABLE alone, as before 2026-11-25: the table is what is wanted
         if self.bm25_idf == "table" and self.bm25_idf_table is None:
             raise ValueError("bm25_idf=table needs bm25_idf_table (KEYRANK_BM25_IDF_TABLE): a JSON {term: idf}, e.g. from `keyrank idf`")
         if self.bm25_idf != "table" and self.bm25_idf_table is not None:

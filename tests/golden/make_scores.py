@@ -5,7 +5,7 @@ Run against a code tree and a prepared model (``keyrank prepare --model ../share
     PYTHONPATH=<tree>/service python tests/golden/make_scores.py <model dir> > tests/golden/scores.json
 
 ``scores.json`` was made this way on the commit before the request path was redesigned (08bba45);
-tests/test_golden.py runs the same request on the current code and compares. Issue 19 changed where
+tests/test_golden.py runs the same request on the current code and compares. On 2026-11-25 keyrank changed where
 BM25's IDF comes from by default (``KEYRANK_BM25_IDF``); on this request the two cases that read BM25
 (keyb2/bm25, keyb2/hybrid) kept every score and evidence span. The ``@request`` cases were added then:
 the old per-request IDF, now an option, which must keep the numbers those cases had before it (they do,
@@ -32,7 +32,7 @@ DOCUMENTS = [
 CASES = [("firstp", None), ("maxp", None), ("sump", None), ("avgp", None), ("parade-max", None), ("parade-avg", None),
          ("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "hybrid"), ("keyb2", "cross")]
 IDF_CASES = [("keyb2", "bm25", "request"), ("keyb2", "hybrid", "request")]
-"""(strategy, selector, bm25_idf): the per-request IDF option, which must keep the numbers of before issue 19."""
+"""(strategy, selector, bm25_idf): the per-request IDF option, which must keep the numbers of before 2026-11-25."""
 
 
 def _case(ranking) -> dict:

@@ -1,4 +1,4 @@
-"""`keyrank bench --gpu`: issue 10's figures in ONE run on ONE machine, printed as ratios.
+"""`keyrank bench --gpu`: the GPU figures of docs/PERFORMANCE.md in ONE run on ONE machine, printed as ratios.
 
 CPU (always):
   - preprocessing ceiling: document tokens/s and queries/s of keyb2-bm25, maxp and

@@ -6,7 +6,7 @@ the answer sits in that context (``answer_start`` of the first answer, in
 characters), so per-bucket scores and PSI = 1 - min/max show whether a
 strategy favours evidence near the start of a document.
 
-``build_far`` is a far-relevant construction from the same file (issue 19):
+``build_far`` is a far-relevant construction from the same file, for training:
 a question's own context inserted at a token offset into filler made of other
 articles' contexts, among distractors carrying other contexts of the same
 article; `keyrank finetune --task squad-far` trains on the articles

@@ -63,7 +63,7 @@ def prepare(
     A prepare that fails leaves nothing half-made: a folder it created is removed, in a folder that
     existed its temporary files are, and the lock file never outlives the run."""
     out = Path(out)
-    # Test sessions and engineers share models/: one prepare at a time, the others then find it done.
+    # Test runs and engineers share models/: one prepare at a time, the others then find it done.
     while True:
         fresh = not out.exists()
         out.mkdir(parents=True, exist_ok=True)

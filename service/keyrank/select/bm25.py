@@ -8,8 +8,8 @@ come from is ``bm25_idf`` (docs/SELECTION.md, "IDF sources"):
 - ``table``: a ``{token: idf}`` table of the user's collection (``keyrank idf``,
   ``bm25_idf_table``); ``general``: the table shipped with keyrank (idf.py);
   with both, the average block length is the document's own;
-- ``request``: all blocks of all candidates of the request (keyrank's IDF
-  until 2026-11): a document's score then depends on the other candidates.
+- ``request``: all blocks of all candidates of the request (keyrank before
+  2026-11-25): a document's score then depends on the other candidates.
 
 The first three give a document the same block scores whatever else is sent.
 Defaults k1 = 0.9, b = 0.4 (Anserini). Terms are token ids; punctuation-only

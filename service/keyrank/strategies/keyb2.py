@@ -6,8 +6,8 @@ in document order so the model reads them as the text runs (or, with
 ``keyb2_block_order = "score"``, left in score order: the best block first,
 wherever it sat in the document).
 
-``SelectionRules`` switches on variants that may read better (issue 7), each
-measured by scripts/selection_ablation.py (docs/SELECTION.md):
+``SelectionRules`` switches on variants that may read better, each
+measured by docs/experiments/selection_ablation.py (docs/SELECTION.md):
 
 - keep the lead block: many documents state their topic first;
 - neighbour expansion: the top blocks fill only part of the budget, then their
@@ -17,7 +17,7 @@ measured by scripts/selection_ablation.py (docs/SELECTION.md):
 The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
 480 tokens, or all that fits next to the query (KeyB's 512 - 3 - q rule).
 
-``keyb2_passes`` (issue 19) reads a document in up to 3 model inputs: the
+``keyb2_passes`` reads a document in up to 3 model inputs: the
 next-best blocks fill each further one, and the document scores as its best
 pass (``aggregate``'s ``max``; with one pass that is its only score).
 """

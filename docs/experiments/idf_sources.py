@@ -1,8 +1,8 @@
-"""keyb2-bm25 with each BM25 IDF source on one task, in one process (issue 19, docs/SELECTION.md).
+"""keyb2-bm25 with each BM25 IDF source on one task, in one process (docs/SELECTION.md, "IDF sources").
 
-    python scripts/idf_sources.py --task qmsum --split val --model-dir runs/c/base --out runs/idf-qmsum \
+    python docs/experiments/idf_sources.py --task qmsum --split val --model-dir runs/c/base --out runs/idf-qmsum \
         --sources request document general table --table runs/idf-qmsum-corpus.json
-    python scripts/idf_sources.py --task qmsum --split val --corpus-out runs/idf-qmsum-corpus.jsonl   # the collection
+    python docs/experiments/idf_sources.py --task qmsum --split val --corpus-out runs/idf-qmsum-corpus.jsonl   # the collection
 
 It is ``keyrank eval --strategies keyb2 --selectors bm25 --scorer local`` once per
 source (``KEYRANK_BM25_IDF``), with the same queries, the same ``Reranker.arank``

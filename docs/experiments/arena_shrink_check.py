@@ -1,6 +1,6 @@
 """Does shrinking ONNX Runtime's arena after every run cost speed at 512 tokens? (docs/PERFORMANCE.md)
 
-    python scripts/arena_shrink_check.py     # the prepared models/ folder; 2 threads; medians of 5 interleaved runs
+    python docs/experiments/arena_shrink_check.py     # the prepared models/ folder; 2 threads; medians of 5 interleaved runs
 
 The serving session (``session_options``: arena on, memory pattern off) run with the serving per-run
 options (``run_options``: the arena shrunk when the run ends) against plain runs that keep it.

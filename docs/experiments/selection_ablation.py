@@ -1,6 +1,6 @@
-"""KeyB2 selection ablation (issue 7 item 3) on QMSum **train**: which blocks read better?
+"""KeyB2 selection ablation (docs/SELECTION.md) on QMSum **train**: which blocks read better?
 
-    .venv/bin/python scripts/selection_ablation.py --model-dir models --model-queries 40 --out runs/selection
+    .venv/bin/python docs/experiments/selection_ablation.py --model-dir models --model-queries 40 --out runs/selection
 
 Never on val: val is the split keyrank reports, so a variant chosen on it would
 be tuned on the test set. Every train query's candidates (the segments of its
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/selection"))
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    command = "python scripts/selection_ablation.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    command = "python docs/experiments/selection_ablation.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "selection.json").write_text(json.dumps({"command": command, **result}, indent=2))

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build .gpu/: what `keyrank bench --gpu` needs on the device machine, within its 64 MiB per call.
+# Build .gpu/: what `keyrank bench --gpu` needs on a GPU machine without network access, in at most
+# 64 MiB (what could be copied to the GPU machine per command).
 #   .gpu/models/   gateway assets (no bi-encoder) + triton-embedded-cuda/ (bf16 weights, ~46 MB)
 #   .gpu/datasets/ QMSum val only (~4 MB): the 100 x 2k-token candidates come from it
 #   .gpu/wheels/   the gateway's pure-Python dependencies the device image lacks (~5 MB, Python 3.12)
 # The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
 # the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
-# Usage (repository root): bash scripts/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
+# Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
 set -euo pipefail
 MODELS=${1:-models}
 CHECKPOINT=${2:-../shared/models/ce-minilm-l6}

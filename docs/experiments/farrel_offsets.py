@@ -1,6 +1,6 @@
 """Where far-relevant offsets differ: what keyb2 read of the relevant insert, per offset.
 
-    python scripts/farrel_offsets.py runs/e/r2-farrel-c5 [--system keyb2-bm25]
+    python docs/experiments/farrel_offsets.py runs/e/r2-farrel-c5 [--system keyb2-bm25]
 
 Reads a `keyrank eval --task farrel` folder (its config.json for the seed,
 constructions and offsets, runs/farrel.json for the scores and evidence),
@@ -8,7 +8,7 @@ rebuilds the same queries, and prints per offset: nDCG@10 of the system, the
 share of the target's insert inside its selected blocks, the share of the
 insert's first 100 characters read, nDCG@10 over the rankings where those are
 read, and the characters selected outside the insert in the target document.
-docs/EVALUATION.md (issue 19, 2026-11-26) reads the table.
+docs/EXPERIMENTS.md (2026-11-26, two epochs and PSI's noise) reads the table.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 #!/bin/bash
-# keyb2's scorer distilled on a lent GPU from a windows teacher over all the training data
-# (docs/TRAINING.md, "On a lent GPU"). Two steps, each in the repository root:
+# keyb2's scorer distilled on a GPU (an NVIDIA H200, 2026-11-26) from a windows teacher over all the
+# training data (docs/EXPERIMENTS.md, 2026-11-26). Two steps, each in the repository root:
 #
-#   here:   scripts/gpu_distill.sh bundle RUN      # RUN = r6 (student = the teacher's weights) or r7 (student = ce-minilm-l6)
-#   there:  bash .gpu/gpu_distill.sh train RUN     # with .gpu carried; $OUT comes back: the model in 3 fp16 parts, log, cache
+#   here:   docs/experiments/gpu_distill.sh bundle RUN      # RUN = r6 (student = the teacher's weights) or r7 (student = ce-minilm-l6)
+#   there:  bash .gpu/gpu_distill.sh train RUN     # with .gpu/ copied over; $OUT (copied back): the model in 3 fp16 parts, log, cache
 #
-# The bundle stays under 64 MiB (what one device call carries): the teacher as its bf16 PyTorch variant
-# (keyrank prepare --device cuda) or, where its cached scores travel instead, none of its weights; the
-# student's starting weights in fp16 (r6 reads them from the teacher's bf16 file), the datasets' training
-# splits (xz), and wheels of what the GPU image lacks. Weights travel back in fp16 (16 MiB a file).
+# The GPU machine has no network and took at most 64 MiB of files per command, so the bundle stays under
+# that: the teacher as its bf16 PyTorch variant (keyrank prepare --device cuda) or, where its cached scores
+# travel instead, none of its weights; the student's starting weights in fp16 (r6 reads them from the
+# teacher's bf16 file), the datasets' training splits (xz), and wheels of what the GPU image lacks.
+# Weights travel back in fp16 (16 MiB a file).
 set -u -o pipefail
 STEP=${1:?bundle or train}; RUN=${2:?r6 or r7}
 TEACHER=${TEACHER:-runs/r4/prepared}; BASE=${BASE:-../shared/models/ce-minilm-l6}; CACHE=${CACHE:-runs/r6-device/cache}

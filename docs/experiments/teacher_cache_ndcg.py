@@ -1,4 +1,4 @@
-"""How well do cached teachers rank the QMSum training queries they scored? (issue 19)
+"""How well do cached teachers rank the QMSum training queries they scored? (docs/EXPERIMENTS.md, 2026-11-26)
 
 A teacher can only lift a student on the queries it is trained on if it ranks them better than
 what the student learnt before. This reads `keyrank finetune`'s teacher caches (JSONL
@@ -6,7 +6,7 @@ what the student learnt before. This reads `keyrank finetune`'s teacher caches (
 nDCG@10 of each over the queries every cache scored, and of their sum after z-normalising
 each query's scores (an ensemble teacher).
 
-    python scripts/teacher_cache_ndcg.py r6-parade-avg=runs/cache/teacher-parade-avg-....jsonl \
+    python docs/experiments/teacher_cache_ndcg.py r6-parade-avg=runs/cache/teacher-parade-avg-....jsonl \
         r4-maxp=runs/r6-device/cache/teacher-maxp-torch-bfloat16-....jsonl --tokenizer runs/r6/model/tokenizer.json
 """
 
@@ -20,7 +20,7 @@ import ir_measures
 import numpy as np
 from ir_measures import nDCG
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "service"))
 from keyrank.tokenize import TextTokenizer  # noqa: E402
 from keyrank.training import splits  # noqa: E402
 from keyrank.training.cache import TeacherScores  # noqa: E402

@@ -1,7 +1,7 @@
 """Peak and kept memory of the embedded model process (Triton's Python stub) after a burst of maxp
-requests, per ``KEYRANK_EMBEDDED_RUN_TOKENS`` (issue 16 item 10, issue 18 item 3).
+requests, per ``KEYRANK_EMBEDDED_RUN_TOKENS`` (docs/RELIABILITY.md, "Memory of the model process").
 
-    python scripts/stub_memory.py --models models --run-tokens 0 4096 2048
+    python docs/experiments/stub_memory.py --models models --run-tokens 0 4096 2048
 
 For each value, in turn: a fresh embedded Triton on ``<models>/triton-embedded``, warmed with one
 request, then 30 maxp requests (2 documents of 200-1,200 words, 6 at a time, seed 0); prints the
