@@ -40,9 +40,9 @@ from keyrank.evaluation import report, tasks
 from keyrank.evaluation.cli import DEFAULT_DATA_DIR
 from keyrank.evaluation.queries import EvalQuery, subsample
 from keyrank.evaluation.runner import QueryRun
-from keyrank.pipeline import Pipeline
+from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.select.hybrid import hybrid_scores
-from keyrank.strategies import REGISTRY, Passage
+from keyrank.strategies import Passage
 from keyrank.strategies.keyb2 import keyb2_passages
 
 VARIANTS: dict[str, dict] = {
@@ -68,11 +68,12 @@ SELECTORS = ("bm25", "dense", "hybrid")
 def block_scores(pipeline: Pipeline, query: EvalQuery, selectors: Sequence[str]):
     """Encode and segment the candidates once; score their blocks with every selector."""
     query_enc, docs = pipeline.encode(query.query, [c.text for c in query.candidates])
-    fits = pipeline.budget(query_enc)
-    pieces = pipeline.segment(docs, REGISTRY["keyb2"], fits)
+    resolved = pipeline.resolve(RerankOptions(strategy="keyb2", selector="bm25"))
+    fits = resolved.budget(len(query_enc))
+    pieces = pipeline.segment(docs, resolved, fits)
     scores = {}
     for selector in {"bm25", "dense"} & set(selectors) | ({"bm25", "dense"} if "hybrid" in selectors else set()):
-        scores[selector] = pipeline.block_scores(selector, query.query, query_enc, docs, pieces)
+        scores[selector] = pipeline.selector(selector).score(query.query, query_enc, docs, pieces)
     if "hybrid" in selectors:
         scores["hybrid"] = hybrid_scores(scores["bm25"], scores["dense"], k=pipeline.settings.hybrid_rrf_k)
     return query_enc, docs, fits, pieces, scores
