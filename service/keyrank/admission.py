@@ -76,6 +76,8 @@ class Ticket:
 
     sequences: float
     """The request's estimated cost."""
+    small: bool = False
+    """Admitted as a small request (``small_request_sequences``), from the small requests' reserve if need be."""
     released: bool = False
     """Set by ``release``: a ticket frees its share once."""
 
@@ -94,6 +96,10 @@ class AdmissionQueue:
         """Sequences per second drained while busy (moving average; seeded from the settings)."""
         self.depth: float = 0.0
         """Estimated sequences admitted and not finished."""
+        self.small_sequences: float = settings.small_request_sequences
+        """Requests estimated at most this costly are small: a heavy request cannot take their reserve."""
+        self.small_depth: float = 0.0
+        """Estimated sequences of small requests admitted and not finished."""
         self._busy_since: float | None = None
         self._sample_busy_s = 0.0
         self._sample_sequences = 0
@@ -106,6 +112,12 @@ class AdmissionQueue:
         if self.fixed_bound is not None:
             return self.fixed_bound
         return max(1, int(self.rate * self.wait_budget_s))
+
+    @property
+    def small_reserve(self) -> float:
+        """Sequences of small requests admitted whatever heavy work is queued: a quarter of the bound (their
+        batches go first, scoring/fairness.py, so they drain first)."""
+        return self.bound / 4
 
     def retry_after_s(self) -> int:
         """Seconds until the work queued now has drained at the measured rate (1..60)."""
@@ -124,7 +136,9 @@ class AdmissionQueue:
                 f"firstp read one sequence per document), or raise the deadline (KEYRANK_REQUEST_TIMEOUT_S)",
                 field="documents",
             )
-        if self.depth > 0 and self.depth + sequences > self.bound:
+        small = sequences <= self.small_sequences
+        over = self.depth > 0 and self.depth + sequences > self.bound
+        if over and not (small and self.small_depth + sequences <= self.small_reserve):
             raise Overloaded(
                 f"the gateway is at capacity ({self.depth:.0f} sequences queued, bound {self.bound}); "
                 f"this request needs about {sequences:.0f}",
@@ -133,8 +147,9 @@ class AdmissionQueue:
         if self.depth == 0:
             self._busy_since = time.monotonic()
         self.depth += sequences
+        self.small_depth += sequences if small else 0.0
         metrics.QUEUED_SEQUENCES.set(self.depth)
-        return Ticket(sequences)
+        return Ticket(sequences, small)
 
     def release(self, ticket: Ticket, *, completed: bool) -> None:
         """Free the ticket's share; ``completed`` work counts towards the drain rate."""
@@ -142,6 +157,7 @@ class AdmissionQueue:
             return
         ticket.released = True
         self.depth -= ticket.sequences
+        self.small_depth -= ticket.sequences if ticket.small else 0.0
         metrics.QUEUED_SEQUENCES.set(self.depth)
         if completed:
             self._sample_sequences += ticket.sequences

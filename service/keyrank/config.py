@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     max_queued_sequences: int | None = Field(None, ge=1, description="Most admitted, unfinished work in estimated cross-encoder sequences; beyond it 429 + Retry-After. Unset = sized from capacity: the measured drain rate times half the request deadline.")
     capacity_sequences_per_s: float = Field(4.0, gt=0, description="Drain rate assumed until one is measured (4 = the embedded CPU Triton, MiniLM-L6, 512-token sequences, 2 cores; GPU Triton drains hundreds).")
 
+    # --- fairness (scoring/fairness.py: small requests never wait behind a heavy one) ----------
+    small_request_sequences: float = Field(16.0, gt=0, description="A request estimated at most this many cross-encoder sequences is small: it is admitted from a reserve heavy requests cannot fill (a quarter of the admission bound), and its batches are scored ahead of costlier requests' (shortest expected first, Triton priority 1).")
+    heavy_batch_size: int | None = Field(None, ge=1, description="Sequences per Triton request of a heavy (not small) request: a small request arriving behind it waits for one such batch. Unset = 1 on the embedded CPU Triton, triton_batch_size on an external Triton (a GPU wants full batches).")
+    heavy_in_flight: int | None = Field(None, ge=1, description="Triton requests of heavy requests in flight at once per gateway process. Unset = 1 on the embedded CPU Triton, triton_max_in_flight on an external Triton.")
+
     # --- request limits (each a named 4xx) ----------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Largest accepted request body (413).")
     header_read_timeout_s: float = Field(10.0, gt=0, description="A request's line and headers must arrive within this many seconds of the connection opening or the previous response; else the connection is closed (keyrank serve).")

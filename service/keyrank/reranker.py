@@ -133,11 +133,17 @@ class Reranker:
     def triton_scorer(settings: Settings, pad_id: int) -> Scorer:
         from keyrank.scoring.triton import TritonScorer
 
+        embedded = settings.triton_server_id is not None  # keyrank serve's or Reranker.embedded()'s own Triton
         return TritonScorer(
             settings.triton_url, model=settings.triton_model, pad_id=pad_id, buckets=settings.length_buckets,
             batch_size=settings.triton_batch_size, max_in_flight=settings.triton_max_in_flight,
             probe_timeout_s=settings.triton_connect_timeout_s, server_id=settings.triton_server_id,
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
+            small_sequences=settings.small_request_sequences,
+            # The embedded CPU Triton runs one batch at a time: a small request behind a heavy one waits for
+            # the batch running now, so heavy requests send one sequence at a time there (docs/RELIABILITY.md).
+            heavy_batch_size=settings.heavy_batch_size or (1 if embedded else settings.triton_batch_size),
+            heavy_in_flight=settings.heavy_in_flight or (1 if embedded else settings.triton_max_in_flight),
         )
 
     # --- the pipeline -------------------------------------------------------------

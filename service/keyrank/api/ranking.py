@@ -39,6 +39,7 @@ from keyrank.blank import is_blank
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
 from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
+from keyrank.scoring.fairness import costing
 
 if TYPE_CHECKING:
     from keyrank.resolved import RerankOptions, Resolved
@@ -99,7 +100,7 @@ async def _rank_readable(request: Request, reranker: Reranker, query: str, texts
     ticket = queue.admit(cost, resolved.timeout_s)
     completed = False
     try:
-        with metrics.IN_FLIGHT.track_inprogress():
+        with metrics.IN_FLIGHT.track_inprogress(), costing(cost):  # the cost orders its batches (scoring/fairness.py)
             # top_n is applied after blank documents are put last.
             work = reranker.arank(query, texts, resolved.with_top_n(None))
             ranking = await unless_disconnected(request.receive, work)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 from keyrank import metrics
 from keyrank.errors import ScoringUnavailable
 from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
+from keyrank.scoring.fairness import HIGH_PRIORITY, LOW_PRIORITY, FairGate, request_cost
 from keyrank.scoring import (
     Batch,
     ModelInputs,
@@ -95,6 +96,9 @@ class TritonScorer:
         server_id: str | None = None,
         max_shapes: int = 0,
         multiple: int = LENGTH_MULTIPLE,
+        small_sequences: float = float("inf"),
+        heavy_batch_size: int | None = None,
+        heavy_in_flight: int | None = None,
     ) -> None:
         self.url: str = url
         """host:port of Triton's gRPC endpoint."""
@@ -110,6 +114,12 @@ class TritonScorer:
         """Per-request widths (scoring/buckets.py); max_shapes 0 = the fixed buckets."""
         self.max_in_flight: int = max_in_flight
         """Most Triton requests in flight from this process, over all callers."""
+        self.small_sequences: float = small_sequences
+        """Requests estimated at most this costly are small (scoring/fairness.py); the rest are heavy."""
+        self.heavy_batch_size: int = heavy_batch_size or batch_size
+        """Most sequences in one Triton request of a heavy request."""
+        self.heavy_in_flight: int = heavy_in_flight or max_in_flight
+        """Most Triton requests of heavy requests in flight at once."""
         self.probe_timeout_s: float = probe_timeout_s
         """Connect timeout of the channel and default timeout of ``ready``."""
         self.server_id: str | None = server_id
@@ -118,15 +128,15 @@ class TritonScorer:
         # lazily on first use inside the running loop (the FastAPI app's), and remade if the loop changes.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: triton_aio.InferenceServerClient | None = None
-        self._in_flight: asyncio.Semaphore | None = None
+        self._in_flight: FairGate | None = None
 
-    def _connection(self) -> tuple[triton_aio.InferenceServerClient, asyncio.Semaphore]:
+    def _connection(self) -> tuple[triton_aio.InferenceServerClient, FairGate]:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop:
             self._client = triton_aio.InferenceServerClient(
                 self.url, channel_args=_channel_args(self.probe_timeout_s)
             )
-            self._in_flight = asyncio.Semaphore(self.max_in_flight)
+            self._in_flight = FairGate(self.max_in_flight, self.heavy_in_flight)
             self._loop = loop
         assert self._in_flight is not None
         return self._client, self._in_flight
@@ -135,31 +145,36 @@ class TritonScorer:
         """Logits [n] (and pooled vectors [n, H] if asked) of sequences framed by the model's template.
 
         ``deadline`` is a ``time.monotonic()`` instant; past it, or with Triton down, raises
-        ``ScoringUnavailable`` and cancels whatever is still in flight.
+        ``ScoringUnavailable`` and cancels whatever is still in flight. The request's cost
+        (``fairness.request_cost``) decides its batches' size, order and priority (scoring/fairness.py).
         """
         n = len(inputs)
-        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id, **self.shapes)
+        cost = request_cost.get()
+        heavy = cost > self.small_sequences
+        size = self.heavy_batch_size if heavy else self.batch_size
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=size, pad_id=self.pad_id, **self.shapes)
         if n == 0:
             return gather(0, [], [], want_pooled)
         if deadline - time.monotonic() <= 0:
             metrics.TRITON_ERRORS.labels(kind="deadline").inc()
             raise ScoringUnavailable("request deadline passed before scoring")
         try:
-            results = await self._send(batches, want_pooled, deadline)
+            results = await self._send(batches, want_pooled, deadline, cost, heavy)
         except _Unreachable:
             # The channel may still hold the refusal from before Triton came back (reconnect
             # backoff): if Triton answers within a short grace, the request is sent once more.
             if not await self._reconnected(deadline):
                 raise
-            results = await self._send(batches, want_pooled, deadline)
+            results = await self._send(batches, want_pooled, deadline, cost, heavy)
         return gather(n, batches, results, want_pooled)
 
     async def _send(
-        self, batches: list[Batch], want_pooled: bool, deadline: float
+        self, batches: list[Batch], want_pooled: bool, deadline: float, cost: float, heavy: bool
     ) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """All batches concurrently (bounded by the process-wide slots); the first failure cancels the rest."""
+        """All batches concurrently (bounded by the process-wide slots, cheapest request first); the first
+        failure cancels the rest."""
         client, in_flight = self._connection()
-        tasks = [asyncio.ensure_future(self._infer(client, in_flight, b, want_pooled, deadline)) for b in batches]
+        tasks = [asyncio.ensure_future(self._infer(client, in_flight, b, want_pooled, deadline, cost, heavy)) for b in batches]
         for task in tasks:
             task.add_done_callback(_retrieve)
         try:
@@ -193,10 +208,12 @@ class TritonScorer:
     async def _infer(
         self,
         client: triton_aio.InferenceServerClient,
-        in_flight: asyncio.Semaphore,
+        in_flight: FairGate,
         batch: Batch,
         want_pooled: bool,
         deadline: float,
+        cost: float,
+        heavy: bool,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         inputs = []
         for name, array in batch.feeds().items():
@@ -204,14 +221,15 @@ class TritonScorer:
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         outputs = [InferRequestedOutput("logits")] + ([InferRequestedOutput("pooled")] if want_pooled else [])
-        async with in_flight:
+        async with in_flight.slot(cost, heavy):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 metrics.TRITON_ERRORS.labels(kind="deadline").inc()
                 raise ScoringUnavailable("request deadline passed while waiting for a Triton slot")
             t0 = time.perf_counter()
             try:
-                result = await client.infer(self.model, inputs, outputs=outputs, client_timeout=remaining)
+                result = await client.infer(self.model, inputs, outputs=outputs, client_timeout=remaining,
+                                            priority=LOW_PRIORITY if heavy else HIGH_PRIORITY)
             except InferenceServerException as exc:
                 kind = (exc.status() or "unknown").removeprefix("StatusCode.").lower()
                 metrics.TRITON_ERRORS.labels(kind=kind).inc()

@@ -1,0 +1,199 @@
+"""Small requests never wait behind a heavy one: admission keeps a reserve for them, their batches are
+scored first (shortest expected first, Triton priority 1), and a heavy request sends short batches one at a
+time on the embedded CPU Triton, so a small one behind it waits for one sequence's work, not for its queue.
+The heavy request still finishes inside its deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+
+import httpx
+import pytest
+from keyrank.admission import AdmissionQueue
+from keyrank.config import Settings
+from keyrank.errors import Overloaded
+from keyrank.scoring.fairness import FairGate
+from live_gateway import live_gateway
+
+# --------------------------------------------------------------------------- the gate
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _hold(gate: FairGate, cost: float, heavy: bool, order: list, release: asyncio.Event, name: str):
+    async with gate.slot(cost, heavy):
+        order.append(name)
+        await release.wait()
+
+
+def test_a_free_slot_goes_to_the_cheapest_waiting_request_first():
+    async def scenario():
+        gate, order, release = FairGate(slots=1, heavy_slots=1), [], asyncio.Event()
+        first = asyncio.create_task(_hold(gate, 100, True, order, release, "heavy-1"))
+        await asyncio.sleep(0)
+        waiting = [asyncio.create_task(_hold(gate, cost, cost > 16, order, release, name))
+                   for cost, name in ((100, "heavy-2"), (5, "small-5"), (3, "small-3"), (5, "small-5b"))]
+        await asyncio.sleep(0)
+        assert order == ["heavy-1"] and gate.busy == 1
+        release.set()
+        await asyncio.gather(first, *waiting)
+        return order
+
+    assert _run(scenario()) == ["heavy-1", "small-3", "small-5", "small-5b", "heavy-2"]
+
+
+def test_heavy_requests_hold_at_most_their_slots_and_never_block_a_small_one():
+    async def scenario():
+        gate, order, release = FairGate(slots=3, heavy_slots=1), [], asyncio.Event()
+        a = asyncio.create_task(_hold(gate, 200, True, order, release, "heavy-a"))
+        b = asyncio.create_task(_hold(gate, 150, True, order, release, "heavy-b"))
+        await asyncio.sleep(0)
+        c = asyncio.create_task(_hold(gate, 2, False, order, release, "small"))
+        await asyncio.sleep(0)
+        assert order == ["heavy-a", "small"]  # heavy-b waits for the heavy slot, the small one does not
+        assert (gate.busy, gate.heavy_busy) == (2, 1)
+        release.set()
+        await asyncio.gather(a, b, c)
+        return gate
+
+    gate = _run(scenario())
+    assert (gate.busy, gate.heavy_busy) == (0, 0)
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_its_turn_passes_on():
+    async def scenario():
+        gate, order, release = FairGate(slots=1, heavy_slots=1), [], asyncio.Event()
+        holder = asyncio.create_task(_hold(gate, 1, False, order, release, "holder"))
+        await asyncio.sleep(0)
+        gone = asyncio.create_task(_hold(gate, 1, False, order, release, "gone"))
+        after = asyncio.create_task(_hold(gate, 50, True, order, release, "after"))
+        await asyncio.sleep(0)
+        gone.cancel()
+        await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(holder, after)
+        return order, gate
+
+    order, gate = _run(scenario())
+    assert order == ["holder", "after"] and gate.busy == 0
+
+
+# --------------------------------------------------------------------------- admission's reserve
+
+
+def test_small_requests_are_admitted_from_their_reserve_while_a_heavy_one_fills_the_bound():
+    queue = AdmissionQueue(Settings(triton_url="unused", max_queued_sequences=100, small_request_sequences=16,
+                                    capacity_sequences_per_s=100))
+    heavy = queue.admit(90)
+    with pytest.raises(Overloaded):
+        queue.admit(40)  # another heavy one: over the bound
+    small = [queue.admit(6) for _ in range(4)]  # 24 <= the reserve of 25, though 90 + 24 > 100
+    with pytest.raises(Overloaded):
+        queue.admit(6)
+    for ticket in small + [heavy]:
+        queue.release(ticket, completed=True)
+    assert queue.depth == 0 and queue.small_depth == 0
+
+
+# --------------------------------------------------------------------------- live, on the embedded CPU Triton
+
+WORDS = ("the", "budget", "of", "remote", "control", "was", "agreed", "after", "a", "long", "meeting", "about",
+         "buttons", "colours", "and", "batteries", "marketing", "design")
+
+
+def _text(chars: int, seed: int) -> str:
+    rng = random.Random(seed)
+    words: list[str] = []
+    while sum(len(w) + 1 for w in words) < chars:
+        words.append(rng.choice(WORDS))
+    return " ".join(words)[:chars]
+
+
+def _heavy(docs: int) -> dict:
+    return {"query": "remote control budget", "strategy": "maxp", "documents": [_text(12_000, i) for i in range(docs)]}
+
+
+SMALL = {"query": "remote control budget", "strategy": "keyb2", "selector": "bm25",
+         "documents": [_text(1_000, 100 + i) for i in range(3)]}
+
+
+def _settings(models, triton) -> Settings:
+    # The embedded Triton's id makes this the embedded deployment (heavy batches of one sequence, one at a time);
+    # capacity lets the heavy request in: it is heavy, not too costly.
+    return Settings(model_dir=models, triton_url=triton.grpc_url, triton_server_id=triton.server_id,
+                    capacity_sequences_per_s=20.0, request_timeout_s=60.0)
+
+
+async def _small_while_heavy(url: str, heavy: dict, smalls: int, gap_s: float) -> tuple[tuple[int, float], list[tuple[int, float]]]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        async def timed(body: dict) -> tuple[int, float]:
+            t0 = time.perf_counter()
+            response = await client.post("/rerank", json=body)
+            return response.status_code, time.perf_counter() - t0
+
+        heavy_task = asyncio.create_task(timed(heavy))
+        await asyncio.sleep(1.0)  # the heavy request is being scored
+        small = []
+        for _ in range(smalls):
+            small.append(await timed(SMALL))
+            await asyncio.sleep(gap_s)
+        return await heavy_task, small
+
+
+async def _idle(url: str, n: int) -> list[float]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            assert (await client.post("/rerank", json=SMALL)).status_code == 200
+            out.append(time.perf_counter() - t0)
+        return out
+
+
+@pytest.mark.triton
+def test_small_requests_are_answered_while_a_heavy_one_runs_and_the_heavy_one_completes(prepared_models, embedded_triton):
+    with live_gateway(_settings(prepared_models, embedded_triton)) as url:
+        idle = asyncio.run(_idle(url, 3))
+        (heavy_status, heavy_s), small = asyncio.run(_small_while_heavy(url, _heavy(6), smalls=5, gap_s=0.2))
+    assert heavy_status == 200
+    assert [status for status, _ in small] == [200] * 5
+    # First in, first out, each small request waited for the rest of the heavy one (seconds); now for at most
+    # one sequence's work. The bound is loose for a busy 2-core machine; the slow test below measures p95.
+    assert max(seconds for _, seconds in small) < max(1.0, 5 * max(idle)), (small, idle, heavy_s)
+    assert max(seconds for _, seconds in small) < heavy_s / 4, (small, heavy_s)
+
+
+async def _alone(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        t0 = time.perf_counter()
+        assert (await client.post("/rerank", json=_heavy(12))).status_code == 200
+        return time.perf_counter() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_measure_small_request_latency_behind_a_heavy_one(prepared_models, embedded_triton):
+    """The figures in docs/RELIABILITY.md ("Fairness"): ``pytest tests/test_fairness.py -m slow -s``."""
+    with live_gateway(_settings(prepared_models, embedded_triton)) as url:
+        asyncio.run(_idle(url, 3))  # warm
+        idle = asyncio.run(_idle(url, 20))
+        (heavy_status, heavy_s), loaded = asyncio.run(_small_while_heavy(url, _heavy(12), smalls=20, gap_s=0.1))
+        heavy_alone_s = [asyncio.run(_alone(url)) for _ in range(3)]
+    full_batches = _settings(prepared_models, embedded_triton).with_overrides(heavy_batch_size=32, heavy_in_flight=8)
+    with live_gateway(full_batches) as url:  # what a heavy request was sent as before: full batches, 8 in flight
+        full_s = [asyncio.run(_alone(url)) for _ in range(3)]
+    p95 = lambda xs: statistics.quantiles(xs, n=20)[-1]
+    idle_p95, loaded_p95 = p95(idle), p95([s for _, s in loaded])
+    print(f"\nsmall keyb2 (3 x 1k chars): idle p50 {statistics.median(idle):.3f} s p95 {idle_p95:.3f} s; "
+          f"behind a heavy maxp (12 x 12k chars): p50 {statistics.median([s for _, s in loaded]):.3f} s "
+          f"p95 {loaded_p95:.3f} s ({loaded_p95 / idle_p95:.2f}x); statuses {sorted({st for st, _ in loaded})}; "
+          f"heavy {heavy_status} in {heavy_s:.1f} s with the small ones; alone (median of 3) {statistics.median(heavy_alone_s):.2f} s "
+          f"in one-sequence batches, {statistics.median(full_s):.2f} s in full batches "
+          f"({statistics.median(full_s) / statistics.median(heavy_alone_s):.2f}x the throughput)")
+    assert heavy_status == 200 and all(st == 200 for st, _ in loaded)
+    assert loaded_p95 <= 2 * idle_p95
