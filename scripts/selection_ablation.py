@@ -36,10 +36,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from keyrank.config import Settings
+from keyrank.data.queries import EvalQuery, subsample
+from keyrank.data.runs import QueryRun
 from keyrank.evaluation import report, tasks
 from keyrank.evaluation.cli import DEFAULT_DATA_DIR
-from keyrank.evaluation.queries import EvalQuery, subsample
-from keyrank.evaluation.runner import QueryRun
 from keyrank.pipeline import Pipeline
 from keyrank.select.hybrid import hybrid_scores
 from keyrank.strategies import REGISTRY, Passage

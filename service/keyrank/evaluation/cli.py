@@ -21,8 +21,9 @@ from pathlib import Path
 
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import SELECTORS, STRATEGIES, Settings
-from keyrank.evaluation import farrelevant, plots, qmsum, report, tasks
-from keyrank.training.judged import add_trec_arguments, trec_files
+from keyrank.data import farrelevant, qmsum
+from keyrank.data.judged import add_trec_arguments, trec_files
+from keyrank.evaluation import plots, report, tasks
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import run_task, systems
 from keyrank.tokenize import TextTokenizer

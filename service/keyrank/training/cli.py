@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from keyrank.cli_format import DefaultsHelpFormatter
-from keyrank.training.losses import LOSSES
+from keyrank.data.judged import add_trec_arguments, trec_files
 from keyrank.strategies import STRATEGIES
+from keyrank.training.losses import LOSSES
 from keyrank.training.planned import TRAINABLE
-from keyrank.training.judged import add_trec_arguments, trec_files
 from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig
 from keyrank.training.splits import TASKS
 

@@ -14,10 +14,10 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from keyrank.data.judged import JudgedQuery, TrecFiles, from_trec
+from keyrank.data.splits import DEV_PERCENT
 from keyrank.tokenize import TextTokenizer
-from keyrank.evaluation.splits import DEV_PERCENT
 from keyrank.training import splits
-from keyrank.training.judged import JudgedQuery, TrecFiles, from_trec
 
 DEFAULT_DATA_DIR = Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets"))
 """Where the evaluation's task builders read QMSum and DL20."""
@@ -38,7 +38,7 @@ class FinetuneConfig:
     selector: str | None = "bm25"
     """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
     tasks: tuple[str, ...] = ()
-    """Training sets from the evaluation's builders: qmsum (train meetings), farrel (train DL20 topics)."""
+    """Training sets from keyrank.data's constructions: qmsum (train meetings), farrel (train DL20 topics)."""
     trec: TrecFiles | None = None
     """Training set from TREC files."""
     data_dir: Path = DEFAULT_DATA_DIR
