@@ -102,6 +102,24 @@ def test_serve_shows_the_effective_default_from_the_environment(monkeypatch):
         get_settings.cache_clear()
 
 
+@pytest.mark.parametrize(("command", "option"), [("eval", "--data-dir"), ("finetune", "--data-dir"), ("bench", "--datasets")])
+def test_the_judged_data_is_where_KEYRANK_EVAL_DATA_DIR_says(monkeypatch, tmp_path, command, option):
+    from keyrank.config import Settings, get_settings
+
+    monkeypatch.setenv("KEYRANK_EVAL_DATA_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        entry = next(line for line in _help_of([command, "--help"]).splitlines() if line.lstrip().startswith(option))
+        assert entry.endswith(f"(default: {tmp_path})"), entry
+        # Where the data sits changes no score: a dump of the settings (the key of training caches and eval
+        # checkpoints) leaves it out, and a copy with overrides keeps it.
+        assert "eval_data_dir" not in Settings().model_dump()
+        assert Settings().with_overrides(port=9123).eval_data_dir == tmp_path
+    finally:
+        monkeypatch.delenv("KEYRANK_EVAL_DATA_DIR")
+        get_settings.cache_clear()
+
+
 # --- a missing optional extra: one line, exit 2 ----------------------------------------------------------
 
 

@@ -14,9 +14,11 @@ from pathlib import Path
 import ir_measures
 import numpy as np
 import pytest
-from keyrank.evaluation import farrelevant, plots, qmsum, report, squad, tasks
-from keyrank.evaluation.queries import Candidate, EvalQuery, subsample
-from keyrank.evaluation.runner import QueryRun, systems
+from keyrank.data import farrelevant, qmsum, squad
+from keyrank.data.queries import Candidate, EvalQuery, subsample
+from keyrank.data.runs import QueryRun
+from keyrank.evaluation import plots, report, tasks
+from keyrank.evaluation.runner import systems
 from keyrank.tokenize import TextTokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 from keyrank.config import Settings
+from keyrank.data.judged import from_trec
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, Scores
-from keyrank.training.judged import from_trec
 from keyrank.training.planned import plan_query
 from toy_judged import NEEDLES, tiny_bert, toy_trec
 
@@ -285,7 +285,7 @@ def test_a_windows_teachers_cache_is_named_without_keyb2s_selection_settings():
 
 
 def test_eval_train_dev_split_is_exactly_the_meetings_finetune_keeps_for_dev():
-    from keyrank.evaluation import qmsum
+    from keyrank.data import qmsum
     from keyrank.training import splits
     from shared_data import CE_MODEL, DATASETS
 

@@ -11,7 +11,11 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "service" / "keyrank"
 PREPARE_TIME = ("keyrank.prepare",)
-OFFLINE = ("keyrank.training", "keyrank.evaluation", "keyrank.bench")
+OFFLINE_TOOLS = ("keyrank.training", "keyrank.evaluation", "keyrank.bench")
+# The judged data, its splits and the constructions over the public data sets: below every offline tool, so
+# training keeps off exactly the topics and meetings evaluation reports on without either importing the other.
+JUDGED_DATA = ("keyrank.data",)
+OFFLINE = OFFLINE_TOOLS + JUDGED_DATA
 MODEL_SERVER = ("keyrank.modelserver",)
 # The request path may start or reach the model server only through these doors (lazily, on demand).
 MODEL_SERVER_DOORS = {
@@ -102,6 +106,18 @@ def test_the_request_path_reaches_the_model_server_only_through_its_doors():
 def test_offline_tools_and_the_model_server_are_never_imported_by_prepare_time_code():
     arrows = sorted((m, d) for m, deps in _graph().items() if _room(m, PREPARE_TIME)
                     for d in deps if _room(d, OFFLINE))
+    assert arrows == []
+
+
+def test_the_offline_tools_never_import_one_another():
+    arrows = sorted((m, d) for m, deps in _graph().items() for room in OFFLINE_TOOLS if _room(m, (room,))
+                    for d in deps if _room(d, OFFLINE_TOOLS) and not _room(d, (room,)))
+    assert arrows == []
+
+
+def test_the_judged_data_imports_no_offline_tool():
+    arrows = sorted((m, d) for m, deps in _graph().items() if _room(m, JUDGED_DATA)
+                    for d in deps if _room(d, OFFLINE_TOOLS))
     assert arrows == []
 
 

@@ -94,7 +94,7 @@ def test_parade_training_resumes_to_the_same_aggregator(parade_run):
 def test_trained_aggregator_is_served_as_the_parade_attn_strategy(parade_run):
     from keyrank.reranker import Reranker
     from keyrank.training.cli import install_aggregator
-    from keyrank.training.judged import from_trec
+    from keyrank.data.judged import from_trec
 
     whole, _, _ = parade_run
     config = json.loads((whole.out / "training.json").read_text())["config"]

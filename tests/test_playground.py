@@ -47,10 +47,11 @@ def test_the_playground_is_off_with_the_setting_false(prepared_models):
 
 
 def test_with_a_key_the_playground_needs_it(prepared_models):
-    with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON, api_key=KEY)) as url:
+    settings = Settings(model_dir=prepared_models, triton_url=NO_TRITON, api_key=KEY)
+    with live_gateway(settings) as url:
         from keyrank.api.playground import qmsum_path
 
-        for path in ("/playground", "/playground/sample.json", *(["/playground/qmsum.json"] if qmsum_path().is_file() else [])):
+        for path in ("/playground", "/playground/sample.json", *(["/playground/qmsum.json"] if qmsum_path(settings).is_file() else [])):
             missing = httpx.get(url + path)
             assert missing.status_code == 401, path
             assert missing.json()["error"]["message"].startswith("missing API key")
@@ -127,20 +128,21 @@ def _config(page: str) -> dict:
     return json.loads(re.search(r"const CONFIG = (.*);\n", page).group(1))
 
 
-def test_the_qmsum_meeting_is_read_from_the_evaluation_data(prepared_models, monkeypatch, tmp_path):
+def test_the_qmsum_meeting_is_read_from_the_evaluation_data(prepared_models, tmp_path):
     from keyrank.api.playground import QMSUM_QUERY, qmsum_path
 
-    if not qmsum_path().is_file():
-        pytest.skip(f"no QMSum data at {qmsum_path()} (KEYRANK_EVAL_DATA_DIR)")
+    settings = Settings(model_dir=prepared_models, triton_url=NO_TRITON)
+    if not qmsum_path(settings).is_file():
+        pytest.skip(f"no QMSum data at {qmsum_path(settings)} (KEYRANK_EVAL_DATA_DIR)")
     assert not any(p.name.startswith("ES2009c") for p in SAMPLE.parent.iterdir())  # never copied into the package
-    with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON)) as url:
+    with live_gateway(settings) as url:
         assert _config(httpx.get(f"{url}/playground").text)["qmsumUrl"] == "/playground/qmsum.json"
         meeting = httpx.get(f"{url}/playground/qmsum.json").json()
         assert meeting["query"] == QMSUM_QUERY and len(meeting["documents"]) == 4 and meeting["relevant_document"] == 1
         assert meeting["documents"][1]["id"] == "ES2009c part 2: The conceived touch screen within the limited budget"
         assert meeting["documents"][0]["text"].startswith("Marketing: {vocalsound} That went well , thank you .\n")
 
-        monkeypatch.setenv("KEYRANK_EVAL_DATA_DIR", str(tmp_path))  # no data there: no choice, and a 404 saying why
+    with live_gateway(settings.with_overrides(eval_data_dir=tmp_path)) as url:  # no data there: no choice, and a 404 saying why
         assert _config(httpx.get(f"{url}/playground").text)["qmsumUrl"] is None
         missing = httpx.get(f"{url}/playground/qmsum.json")
         assert missing.status_code == 404 and "KEYRANK_EVAL_DATA_DIR" in missing.json()["error"]["message"]
@@ -250,20 +252,21 @@ def test_the_page_ranks_the_sample_and_highlights_the_evidence(browser, prepared
     assert highlighted > 200, f"{shot}: the evidence highlight is not on screen ({highlighted} pixels)"
 
 
-def test_the_page_loads_the_qmsum_meeting_where_the_data_is(browser, prepared_models, monkeypatch, tmp_path):
+def test_the_page_loads_the_qmsum_meeting_where_the_data_is(browser, prepared_models, tmp_path):
     from selenium.webdriver.common.by import By
 
     from keyrank.api.playground import QMSUM_QUERY, qmsum_path
 
-    if not qmsum_path().is_file():
-        pytest.skip(f"no QMSum data at {qmsum_path()} (KEYRANK_EVAL_DATA_DIR)")
-    with live_gateway(Settings(model_dir=prepared_models, triton_url=NO_TRITON)) as url:
+    settings = Settings(model_dir=prepared_models, triton_url=NO_TRITON)
+    if not qmsum_path(settings).is_file():
+        pytest.skip(f"no QMSum data at {qmsum_path(settings)} (KEYRANK_EVAL_DATA_DIR)")
+    with live_gateway(settings) as url:
         browser.get(f"{url}/playground")
         browser.find_element(By.ID, "load-qmsum").click()
         _wait(browser, lambda d: d.find_element(By.ID, "status").text.startswith("sample loaded: 4 documents"))
         assert browser.find_element(By.ID, "query").get_attribute("value") == QMSUM_QUERY
         assert "QMSum" in browser.find_element(By.ID, "sample-about").text
-        monkeypatch.setenv("KEYRANK_EVAL_DATA_DIR", str(tmp_path))
+    with live_gateway(settings.with_overrides(eval_data_dir=tmp_path)) as url:  # no data there
         browser.get(f"{url}/playground")
         assert not browser.find_element(By.ID, "load-qmsum").is_displayed()
         assert browser.find_element(By.ID, "load-sample").is_displayed()

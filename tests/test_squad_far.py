@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from keyrank.evaluation import squad
-from keyrank.evaluation.splits import squad_held_back
+from keyrank.data import squad
+from keyrank.data.splits import squad_held_back
 from keyrank.tokenize import TextTokenizer
 from keyrank.training import splits
 from shared_data import CE_MODEL, DATASETS

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from keyrank.config import Settings
 from keyrank.evaluation import report, tasks
-from keyrank.evaluation.cli import DEFAULT_DATA_DIR, _checkpoint_key
+from keyrank.evaluation.cli import _checkpoint_key
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import System, run_task
 from keyrank.reranker import Reranker
@@ -74,7 +74,7 @@ def main() -> int:
     p.add_argument("--split", default="val")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-queries", type=int, default=None)
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    p.add_argument("--data-dir", type=Path, default=Settings().eval_data_dir)
     p.add_argument("--model-dir", type=Path, default=Path("models"))
     p.add_argument("--sources", nargs="+", choices=SOURCES, default=list(SOURCES))
     p.add_argument("--table", type=Path, default=None, help="the table source's IDF (keyrank idf --docs)")

@@ -36,10 +36,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from keyrank.config import Settings
+from keyrank.data.queries import EvalQuery, subsample
+from keyrank.data.runs import QueryRun
 from keyrank.evaluation import report, tasks
-from keyrank.evaluation.cli import DEFAULT_DATA_DIR
-from keyrank.evaluation.queries import EvalQuery, subsample
-from keyrank.evaluation.runner import QueryRun
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.select.hybrid import hybrid_scores
 from keyrank.strategies import Passage
@@ -194,7 +193,7 @@ def paired(row: dict, base: dict | None) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-dir", type=Path, default=Path("models"), help="output of `keyrank prepare` (with the bi-encoder)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="folder holding qmsum/train")
+    p.add_argument("--data-dir", type=Path, default=Settings().eval_data_dir, help="folder holding qmsum/train")
     p.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS)
     p.add_argument("--variants", nargs="*", default=None, help=f"subset of: {'; '.join(VARIANTS)}")
     p.add_argument("--max-queries", type=int, default=None, help="evidence recall on at most this many train queries (default all)")

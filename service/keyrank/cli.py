@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("prepare", help="export a cross-encoder (+ bi-encoder) to ONNX and write the Triton repositories", add_help=False)
     _serve_parser(commands, get_settings())
     commands.add_parser("finetune", help="fine-tune a reranker (or train a PARADE aggregator) on judged data, on the served inputs", add_help=False)
-    commands.add_parser("eval", help="measure strategies on the judged data in ../shared/datasets, or on your TREC files (--task trec)", add_help=False)
+    commands.add_parser("eval", help="measure strategies on the shared judged data (KEYRANK_EVAL_DATA_DIR), or on your TREC files (--task trec)", add_help=False)
     commands.add_parser("tune", help="choose strategy, selector and keyb2 settings on your judged dev queries; writes an env file serve reads", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
     commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Gateway bind address.")
     port: int = Field(8080, description="Gateway port.")
     workers: int = Field(1, description="Uvicorn worker processes (each with its own Triton client).")
+    # Where the judged data sits changes no score: kept out of model_dump, so what is keyed by a dump of the
+    # settings (training caches, eval checkpoints, training.json) does not depend on it.
+    eval_data_dir: Path = Field(Path("../shared/datasets"), exclude=True, description="The judged data (qmsum/, trec-dl20-passage/, squad2-dev-half/), read where it is, never copied: by `keyrank eval`, `finetune` and `bench`, and for the playground's QMSum meeting; relative to the current folder. `keyrank prepare`'s quality gate reads its default unless --gate-datasets says otherwise.")
 
     # --- model input shape (papers) ----------------------------------------
     max_sequence_length: int = Field(512, description="Longest model input, the template's frame included; the model's own limit caps it.")
@@ -135,7 +138,8 @@ class Settings(BaseSettings):
         """A copy with some fields replaced, validated like the environment would be."""
         if not overrides:
             return self
-        return type(self).model_validate({**self.model_dump(), **overrides})
+        # dict(self) and not model_dump(): the copy keeps the fields a dump leaves out (eval_data_dir).
+        return type(self).model_validate({**dict(self), **overrides})
 
     def served_models(self) -> dict[str, Path]:
         """``models`` as {name: folder}, the default first; {} when unset (one model, ``model_dir``).

@@ -9,7 +9,7 @@ the native ``POST /rerank`` with ``return_evidence`` like any client would, and 
 what each score rests on (coverage), each document with its evidence highlighted, and the per-stage
 timings. Off with ``KEYRANK_PLAYGROUND=false`` (the routes are then not registered: 404).
 
-Where the QMSum data is on this machine (``KEYRANK_EVAL_DATA_DIR``, default ``../shared/datasets``, as
+Where the QMSum data is on this machine (the ``eval_data_dir`` setting, ``KEYRANK_EVAL_DATA_DIR``, as
 ``keyrank eval`` reads it), the page also offers one QMSum validation meeting (ES2009c, its four topic
 segments as the documents, one of its human queries), read from there on each request and never copied
 into the package: evaluation data stays where it is.
@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import secrets
 from functools import cache
 from pathlib import Path, PurePath
@@ -33,7 +32,7 @@ from pathlib import Path, PurePath
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse
 
-from keyrank.config import SELECTORS, STRATEGIES
+from keyrank.config import SELECTORS, STRATEGIES, Settings
 from keyrank.strategies import REGISTRY
 
 STATIC = Path(__file__).parent / "static"
@@ -112,7 +111,7 @@ async def playground(request: Request) -> HTMLResponse:
         "keyRequired": settings.api_key is not None,
         "rerankUrl": f"{request.scope.get('root_path', '')}/rerank",
         "sampleUrl": f"{request.scope.get('root_path', '')}/playground/sample.json",
-        "qmsumUrl": f"{request.scope.get('root_path', '')}/playground/qmsum.json" if qmsum_path().is_file() else None,
+        "qmsumUrl": f"{request.scope.get('root_path', '')}/playground/qmsum.json" if qmsum_path(settings).is_file() else None,
     }
     # json.dumps escapes nothing HTML-special on its own: "</" would end the script element.
     html = _page_template().replace(_CONFIG_SLOT, json.dumps(config).replace("</", "<\\/"), 1)
@@ -124,9 +123,9 @@ async def sample() -> FileResponse:
     return FileResponse(SAMPLE, media_type="application/json")
 
 
-def qmsum_path() -> Path:
-    """The QMSum meeting the page offers, under KEYRANK_EVAL_DATA_DIR (read when asked: it may come and go)."""
-    return Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets")) / QMSUM_MEETING
+def qmsum_path(settings: Settings) -> Path:
+    """The QMSum meeting the page offers, under the eval_data_dir setting (looked for when asked: it may come and go)."""
+    return settings.eval_data_dir / QMSUM_MEETING
 
 
 def qmsum_sample(path: Path) -> dict:
@@ -154,8 +153,8 @@ def qmsum_sample(path: Path) -> dict:
 
 
 @router.get("/playground/qmsum.json")
-async def qmsum() -> dict:
-    path = qmsum_path()
+async def qmsum(request: Request) -> dict:
+    path = qmsum_path(request.app.state.settings)
     if not path.is_file():
         raise HTTPException(404, f"no QMSum meeting at {path}: set KEYRANK_EVAL_DATA_DIR to the folder holding qmsum/")
     return qmsum_sample(path)

@@ -14,7 +14,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="keyrank bench", description=bench.__doc__, formatter_class=_Formatter)
     parser.add_argument("--model-dir", type=Path, default=get_settings().model_dir, help="output of `keyrank prepare`")
-    parser.add_argument("--datasets", type=Path, default=Path("../shared/datasets"), help="the shared evaluation data (QMSum, DL20, SQuAD)")
+    parser.add_argument("--datasets", type=Path, default=get_settings().eval_data_dir,
+                        help="the shared evaluation data: QMSum, DL20, SQuAD (KEYRANK_EVAL_DATA_DIR)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--cache", action="store_true", help="document cache: documents seen before vs cold, hit rate")
     mode.add_argument("--processes", action="store_true", help="preprocessing over processes: workers vs a pool")

@@ -1,4 +1,4 @@
-"""Real request shapes for the benchmarks, from ../shared/datasets (never synthetic text).
+"""Real request shapes for the benchmarks, from the judged data (``--datasets``, KEYRANK_EVAL_DATA_DIR; never synthetic text).
 
 - ``meeting_documents``: whole QMSum val transcripts (long, ~10k+ tokens each);
 - ``candidate_documents``: QMSum transcripts cut into ~2k-token candidates, the

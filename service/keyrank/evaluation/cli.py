@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import os
 import platform
 import sys
 import time
@@ -21,15 +20,12 @@ from pathlib import Path
 
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import SELECTORS, STRATEGIES, Settings
-from keyrank.evaluation import farrelevant, plots, qmsum, report, tasks
-from keyrank.training.judged import add_trec_arguments, trec_files
+from keyrank.data import farrelevant, qmsum
+from keyrank.data.judged import add_trec_arguments, trec_files
+from keyrank.evaluation import plots, report, tasks
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import run_task, systems
 from keyrank.tokenize import TextTokenizer
-
-DEFAULT_DATA_DIR = Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets"))
-"""The judged data (read, never copied into the repository)."""
-
 
 def _names(values: list[str], allowed: Sequence[str], what: str) -> list[str]:
     """Comma- or space-separated names, validated, order kept."""
@@ -61,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queries", type=int, default=None, help="per task, stratified by position bucket (far-relevant: topics x offsets); None = all")
     p.add_argument("--seed", type=int, default=0, help="constructions and sub-sampling are deterministic given it")
     p.add_argument("--out", type=Path, default=None, help="output folder; None = runs/eval-<time>")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="folder of qmsum/, trec-dl20-passage/, squad2-dev-half/")
+    p.add_argument("--data-dir", type=Path, default=Settings().eval_data_dir,
+                   help="folder of qmsum/, trec-dl20-passage/, squad2-dev-half/ (KEYRANK_EVAL_DATA_DIR)")
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare`; None = KEYRANK_MODEL_DIR (models)")
     p.add_argument("--triton-url", default=None, help="host:port of a running Triton (gRPC); unset = embedded CPU Triton")
     p.add_argument("--scorer", choices=("triton", "local"), default="triton",

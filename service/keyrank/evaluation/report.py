@@ -13,14 +13,11 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import ir_measures
 import numpy as np
 
-from keyrank.evaluation.queries import EvalQuery, query_rng
-from keyrank.evaluation.runner import QueryRun
+from keyrank.data.queries import EvalQuery, query_rng
+from keyrank.data.runs import MEASURES, QueryRun, per_query
 
-MEASURES = ("nDCG@10", "RR@10", "R@5")
-"""Default measures: NDCG@10 and MRR@10 as in the papers, recall at a cut below the candidate count."""
 STAGES = ("tokenize", "segment", "select", "assemble", "infer", "aggregate", "total")
 """Per-stage timings the reranker reports."""
 POSITION_BINS = 20
@@ -29,19 +26,6 @@ RANDOM_DRAWS = 20
 """Random orderings averaged for the chance level (one draw is too noisy on a small sample)."""
 PSI_RESAMPLES = 2000
 """Bootstrap resamples and bucket shuffles behind PSI's interval and its position-blind level."""
-
-
-def per_query(queries: Sequence[EvalQuery], runs: Sequence[QueryRun],
-              measures: Sequence[str] = MEASURES) -> dict[str, dict[str, float]]:
-    """{qid: {measure: value}}; a query the system failed on (no scores) counts 0."""
-    parsed = [ir_measures.parse_measure(m) for m in measures]
-    qrels = {q.qid: dict(q.qrels) for q in queries}
-    run = {r.qid: dict(r.scores) for r in runs if r.scores}
-    values = {q.qid: {m: 0.0 for m in measures} for q in queries}
-    names = {str(p): m for p, m in zip(parsed, measures)}
-    for metric in ir_measures.iter_calc(parsed, qrels, run):
-        values[metric.query_id][names[str(metric.measure)]] = float(metric.value)
-    return values
 
 
 def random_level(queries: Sequence[EvalQuery], measures: Sequence[str] = MEASURES, *, seed: int = 0,

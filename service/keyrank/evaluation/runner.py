@@ -14,12 +14,13 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from keyrank.evaluation.queries import EvalQuery
+from keyrank.data.queries import EvalQuery
+from keyrank.data.runs import QueryRun
 from keyrank.pipeline import RerankOptions
 from keyrank.strategies import REGISTRY
 
@@ -48,43 +49,6 @@ def systems(strategies: Iterable[str], selectors: Iterable[str]) -> list[System]
         else:
             out.append(System(strategy))
     return out
-
-
-@dataclass(slots=True)
-class QueryRun:
-    """What one system did on one query."""
-
-    qid: str
-    """The query."""
-    system: str
-    """``System.name``."""
-    scores: dict[str, float] = field(default_factory=dict)
-    """Score per candidate ``doc_id`` (every candidate, not only the top)."""
-    evidence: dict[str, list[tuple[int, int, int | None]]] = field(default_factory=dict)
-    """(start, end, block) evidence spans the reranker returned, per ``doc_id``."""
-    scored_sequences: int = 0
-    """Sequences sent to the cross-encoder (selector included)."""
-    scored_tokens: int = 0
-    """Tokens sent to the cross-encoder, padding excluded."""
-    document_tokens: int = 0
-    """Tokens in all candidates of the request."""
-    truncated_documents: int = 0
-    """Candidates the strategy did not read to the end (window cap, max_tokens_per_doc)."""
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    """Per-stage times the reranker reported (tokenize, segment, select, infer, aggregate, total)."""
-    wall_ms: float = 0.0
-    """Time around the ``arank`` call, as a client sees it."""
-    error: str | None = None
-    """Set when the reranker raised; the query then scores 0."""
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict) -> QueryRun:
-        run = cls(**data)
-        run.evidence = {d: [tuple(span) for span in spans] for d, spans in run.evidence.items()}
-        return run
 
 
 async def rank_query(reranker, system: System, query: EvalQuery, *, timeout_s: float | None) -> QueryRun:

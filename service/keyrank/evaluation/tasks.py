@@ -7,10 +7,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from keyrank.evaluation import farrelevant, qmsum, squad
-from keyrank.evaluation.queries import EvalQuery, subsample
+from keyrank.data import farrelevant, qmsum, squad
+from keyrank.data.judged import TrecFiles, from_trec
+from keyrank.data.queries import EvalQuery, subsample
 from keyrank.tokenize import TextTokenizer
-from keyrank.training.judged import TrecFiles, from_trec
 
 TASKS = ("qmsum", "farrel", "farrel-bare", "squad")
 """Every query list the evaluation knows; ``farrel-bare`` is the short-document ceiling of ``farrel``."""
@@ -86,7 +86,7 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
 
 def dl20_pool(data_dir: Path, which: str) -> list[str]:
     """Usable DL20 topics on one side of the fixed train / held-back split (or all of them)."""
-    from keyrank.evaluation.splits import dl20_held_back
+    from keyrank.data.splits import dl20_held_back
 
     usable = farrelevant.usable_topics(data_dir)
     if which == "all":

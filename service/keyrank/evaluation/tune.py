@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keyrank.config import SELECTORS, STRATEGIES, Settings
+from keyrank.data.judged import add_trec_arguments, trec_files
+from keyrank.data.queries import EvalQuery
+from keyrank.data.runs import per_query
 from keyrank.evaluation import tasks
-from keyrank.training.judged import add_trec_arguments, trec_files
 from keyrank.evaluation.compare import paired_difference
 from keyrank.evaluation.memo import MemoScorer
-from keyrank.evaluation.queries import EvalQuery
-from keyrank.evaluation.report import per_query
 from keyrank.evaluation.runner import System, run_system
 from keyrank.strategies import REGISTRY
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from keyrank.config import Settings
 from keyrank.errors import KeyrankError, ModelAssetsMissing
 from keyrank.prepare.cross_encoder import ExportMismatch, export_cross_encoder
 from keyrank.prepare.bi_encoder import export_bi_encoder
@@ -39,8 +40,10 @@ FORMAT_VERSION = 5
 """Bump when the graph or the layout changes, so existing exports are redone."""
 DEFAULT_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """The reranker `keyrank prepare` exports when none is named."""
-DEFAULT_DATASETS = Path("../shared/datasets")
-"""Where the CPU variant's quality gate finds its real pairs (relative to the current folder)."""
+DEFAULT_DATASETS: Path = Settings.model_fields["eval_data_dir"].default
+"""Where the CPU variant's quality gate finds its real pairs (relative to the current folder): the eval_data_dir
+setting's default, never KEYRANK_EVAL_DATA_DIR, so which variant an export serves does not move with an evaluation
+variable (``--gate-datasets`` names another folder)."""
 
 
 def prepare(

@@ -13,8 +13,8 @@ The exported ``model.onnx`` (fp32, unfused, what the GPU repository serves) is t
   has it (scoring/openvino.py); ``openvino``: the same in fp32. Nothing is built: the served folder gets
   a ``runtime.json`` that both CPU paths read.
 
-The gate scores real pairs (``gate_groups``: DL20 passages and 512-token QMSum train chunks from
-../shared/datasets when present, else the export's built-in check pairs) with the fp32 reference and the
+The gate scores real pairs (``gate_groups``: DL20 passages and 512-token QMSum train chunks from the
+judged data, ``--gate-datasets``, when present, else the export's built-in check pairs) with the fp32 reference and the
 variant and compares, per query, the rankings (Kendall tau, same top document) and the scores (max
 absolute difference). A variant that fails is refused with its numbers (``VariantRefused``); nothing
 serves it.
@@ -263,7 +263,7 @@ def gate_groups(datasets: Path | None, text_tokenizer, template, *, dl20_queries
         query = meeting["specific_query_list"][0]["query"]
         groups.append(GateGroup(f"qmsum:{path.stem}", _feeds(text_tokenizer, template, query, chunks)))
     if groups:
-        return groups, (f"../shared/datasets: {sum(g.name.startswith('dl20') for g in groups)} DL20 queries x "
+        return groups, (f"{datasets}: {sum(g.name.startswith('dl20') for g in groups)} DL20 queries x "
                         f"{dl20_passages} BM25 passages, {sum(g.name.startswith('qmsum') for g in groups)} QMSum train "
                         f"queries x {qmsum_chunks} chunks of 500 tokens")
     from keyrank.prepare.cross_encoder import CHECK_PAIRS

@@ -3,9 +3,10 @@
 Model inputs come from ``keyrank.pipeline.Pipeline.plan`` of the model being
 trained, the same call the server makes, so a training sequence and the served
 sequence for the same query and document are the same ids and token types.
+The judged queries (TREC files, the constructions evaluation reports on) and the fixed
+splits come from ``keyrank.data``.
 
-    judged.py   judged queries: TREC qrels + JSONL docs + TSV/JSONL queries; eval task builders
-    splits.py   the fixed train / dev / held-back splits (QMSum meetings, DL20 topics)
+    splits.py   the training sets on the training side of keyrank.data's fixed splits
     planned.py  candidate groups planned by the serving pipeline; sampled training groups
     model.py    the HF model behind the export's own wrapper; document scores per strategy
     losses.py   pairwise hinge (KeyB), listwise softmax CE, distillation

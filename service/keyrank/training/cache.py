@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from keyrank.strategies import REGISTRY
-from keyrank.training.judged import JudgedQuery
+from keyrank.data.judged import JudgedQuery
 from keyrank.training.planned import PlannedQuery
 
 

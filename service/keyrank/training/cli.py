@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from keyrank.cli_format import DefaultsHelpFormatter
-from keyrank.training.losses import LOSSES
+from keyrank.data.judged import add_trec_arguments, trec_files
 from keyrank.strategies import STRATEGIES
+from keyrank.training.losses import LOSSES
 from keyrank.training.planned import TRAINABLE
-from keyrank.training.judged import add_trec_arguments, trec_files
-from keyrank.training.recipe import DEFAULT_DATA_DIR, FinetuneConfig
+from keyrank.training.recipe import FinetuneConfig
 from keyrank.training.splits import TASKS
 
 
@@ -44,7 +44,7 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
                       help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics; "
                            "squad-far: SQuAD contexts inserted deep into other articles (the train half of the articles)")
-    data.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+    data.add_argument("--data-dir", type=Path, default=d.data_dir,
                       help="folder of qmsum/ and trec-dl20-passage/ for --task (KEYRANK_EVAL_DATA_DIR)")
     data.add_argument("--farrel-seeds", type=_ints, default=d.farrel_seeds, help="far-relevant constructions per topic, e.g. 0,1,2")
     data.add_argument("--farrel-offsets", type=_ints, default=d.farrel_offsets,

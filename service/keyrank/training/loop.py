@@ -159,8 +159,7 @@ class _Run:
 
     def evaluate(self, dev: list[PlannedQuery]) -> dict:
         """Dev metrics of the current weights: every candidate scored, ranked, measured by ir-measures."""
-        from keyrank.evaluation.report import per_query
-        from keyrank.evaluation.runner import QueryRun
+        from keyrank.data.runs import QueryRun, per_query
 
         if not dev:
             return {}

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from keyrank.data.judged import JudgedQuery
 from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
 from keyrank.strategies import REGISTRY, StrategySpec
-from keyrank.training.judged import JudgedQuery
 
 TRAINABLE = ("firstp", "maxp", "keyb2", "parade-attn", "parade-transformer")
 """Strategies ``keyrank finetune`` trains (the scorer, or PARADE's aggregator)."""

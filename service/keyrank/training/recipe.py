@@ -8,19 +8,17 @@ setting (the selected blocks as one 512-token sequence).
 from __future__ import annotations
 
 import json
-import os
 import random
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from keyrank.config import get_settings
+from keyrank.data.judged import JudgedQuery, TrecFiles, from_trec
+from keyrank.data.splits import DEV_PERCENT
 from keyrank.tokenize import TextTokenizer
-from keyrank.evaluation.splits import DEV_PERCENT
 from keyrank.training import splits
-from keyrank.training.judged import JudgedQuery, TrecFiles, from_trec
 
-DEFAULT_DATA_DIR = Path(os.environ.get("KEYRANK_EVAL_DATA_DIR", "../shared/datasets"))
-"""Where the evaluation's task builders read QMSum and DL20."""
 TREC_DEV_SALT = "keyrank/trec-dev/"
 """Salt of the dev carve-out of TREC-file queries (by query id)."""
 
@@ -38,11 +36,11 @@ class FinetuneConfig:
     selector: str | None = "bm25"
     """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
     tasks: tuple[str, ...] = ()
-    """Training sets from the evaluation's builders: qmsum (train meetings), farrel (train DL20 topics)."""
+    """Training sets from keyrank.data's constructions: qmsum (train meetings), farrel (train DL20 topics)."""
     trec: TrecFiles | None = None
     """Training set from TREC files."""
-    data_dir: Path = DEFAULT_DATA_DIR
-    """Folder of qmsum/ and trec-dl20-passage/ for ``tasks``."""
+    data_dir: Path = field(default_factory=lambda: get_settings().eval_data_dir)
+    """Folder of qmsum/, trec-dl20-passage/ and squad2-dev-half/ for ``tasks`` (default: the eval_data_dir setting)."""
     farrel_seeds: tuple[int, ...] = (0,)
     """Far-relevant constructions per train topic (each seed draws other inserts and filler)."""
     farrel_offsets: tuple[int, ...] = (0, 512, 1024, 2048, 3072)

@@ -10,7 +10,7 @@
   title (``squad_held_back``: 7 of 16 held back); the other 9 build far-relevant
   training documents (a question's context inserted deep into other articles).
 
-The predicates themselves live in ``keyrank.evaluation.splits`` (evaluation
+The predicates themselves live in ``keyrank.data.splits`` (evaluation
 reports on them too); this module builds the training sets on their side.
 """
 
@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from keyrank.evaluation import farrelevant, qmsum, squad
-from keyrank.evaluation.splits import dl20_held_back, qmsum_dev_meeting, squad_held_back
+from keyrank.data import farrelevant, qmsum, squad
+from keyrank.data.judged import JudgedQuery, from_eval
+from keyrank.data.splits import dl20_held_back, qmsum_dev_meeting, squad_held_back
 from keyrank.tokenize import TextTokenizer
-from keyrank.training.judged import JudgedQuery, from_eval
 
 TASKS = ("qmsum", "farrel", "squad-far")
-"""Training sets built by the evaluation's task builders (their training parts only)."""
+"""Training sets built by keyrank.data's constructions (their training parts only)."""
 
 
 def dl20_topics(data_dir: Path, *, held_back: bool) -> set[str]:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyrank.evaluation.queries import Candidate, EvalQuery, query_rng
+from keyrank.data.queries import Candidate, EvalQuery, query_rng
 from keyrank.tokenize import Encoded, TextTokenizer
 
 OFFSETS = (0, 512, 1024, 2048, 3072)

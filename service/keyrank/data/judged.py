@@ -9,7 +9,7 @@ Readers:
   documents, a TSV (``qid<TAB>query``) or JSONL (``{"id", "text"}``) of queries,
   and optionally a TREC run (``qid Q0 docid rank score tag``) whose top
   ``depth`` documents join each query's judged ones as candidates (unjudged = 0).
-- The evaluation's task builders (``keyrank.evaluation``): ``EvalQuery`` lists.
+- The task builders beside this module (``qmsum``, ``farrelevant``, ``squad``): ``EvalQuery`` lists.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keyrank.evaluation.queries import EvalQuery
+from keyrank.data.queries import Candidate, EvalQuery
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +58,6 @@ class JudgedQuery:
 
     def as_eval_query(self) -> EvalQuery:
         """The same query in the evaluation's shape (for the dev metric)."""
-        from keyrank.evaluation.queries import Candidate
-
         return EvalQuery(
             qid=self.qid, query=self.query, candidates=[Candidate(d, t) for d, t in zip(self.doc_ids, self.texts)],
             qrels={d: g for d, g in zip(self.doc_ids, self.grades) if g > 0}, bucket="all",

@@ -19,8 +19,8 @@ import json
 from itertools import pairwise
 from pathlib import Path
 
-from keyrank.evaluation import farrelevant as fr
-from keyrank.evaluation.queries import Candidate, EvalQuery, query_rng
+from keyrank.data import farrelevant as fr
+from keyrank.data.queries import Candidate, EvalQuery, query_rng
 from keyrank.tokenize import Encoded, TextTokenizer
 
 BUCKET_EDGES = (0, 100, 200, 300, 400, 500)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyrank.evaluation.queries import Candidate, EvalQuery, query_rng
+from keyrank.data.queries import Candidate, EvalQuery, query_rng
 from keyrank.tokenize import TextTokenizer
 
 SEGMENT_TOKENS = 1536
@@ -130,7 +130,7 @@ def build(data_dir: Path, tokenizer: TextTokenizer, *, split: str = "val", seed:
 
     ``train-dev``: the train meetings `keyrank finetune` keeps out of training for its dev
     metric (training/splits.py): the split to choose settings on with a fine-tuned scorer."""
-    from keyrank.evaluation.splits import qmsum_dev_meeting
+    from keyrank.data.splits import qmsum_dev_meeting
 
     folder = "train" if split == "train-dev" else split
     queries = []
