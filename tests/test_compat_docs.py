@@ -5,7 +5,7 @@ v2, TEI, Infinity): a field whose description says it is ignored is named in X-K
 from __future__ import annotations
 
 import pytest
-from keyrank.api.routes.compat import ignored_fields
+from keyrank.api.routes.vendor import ignored_fields
 from keyrank.schemas import CohereRerankRequest, V1RerankRequest
 from keyrank.schemas import InfinityRerankRequest, TeiRerankRequest
 from keyrank.schemas.infinity import INFINITY_DEFAULT_MODEL

@@ -11,13 +11,14 @@ import asyncio
 import re
 import secrets
 import uuid
+from collections.abc import Collection
 
 from fastapi import HTTPException, Request
 from pydantic import SecretStr
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keyrank.api.errors import RERANK_PATHS, error_response, record
+from keyrank.api.errors import error_response, record
 
 _REQUEST_ID = re.compile(r"^[\w.:@/+=-]{1,128}$")  # echo only ids that are safe to log and to put in a header
 
@@ -44,18 +45,19 @@ class RequestId:
 
 
 class ApiKeyGate:
-    """401 unless ``Authorization: Bearer <KEYRANK_API_KEY>``, on the rerank routes, before the body is read.
+    """401 unless ``Authorization: Bearer <KEYRANK_API_KEY>``, on the rerank routes (``paths``), before the body is read.
 
     The probes, /metrics and the docs stay open: kubelets and Prometheus call them from inside the
     cluster and they carry no request content.
     """
 
-    def __init__(self, app: ASGIApp, api_key: SecretStr | None):
+    def __init__(self, app: ASGIApp, api_key: SecretStr | None, paths: Collection[str]):
         self.app = app
         self.key = api_key.get_secret_value().encode() if api_key is not None else None
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is None or scope["type"] != "http" or scope["path"] not in RERANK_PATHS:
+        if self.key is None or scope["type"] != "http" or scope["path"] not in self.paths:
             return await self.app(scope, receive, send)
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self.key):

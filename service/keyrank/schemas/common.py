@@ -28,7 +28,7 @@ class StrictRequest(Wire):
 
 class VendorRequest(Wire):
     """Other servers' requests (Jina, Cohere, TEI, Infinity): types are not coerced; unknown fields are accepted
-    and reported as ignored (api/routes/compat.py's ``ignored_fields``)."""
+    and reported as ignored (api/routes/vendor.py's ``ignored_fields``)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="allow", strict=True)
     ignored_when_sent: ClassVar[frozenset[str]] = frozenset({"return_embeddings", "priority"})
