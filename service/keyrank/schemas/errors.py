@@ -24,7 +24,9 @@ class ErrorBody(Wire):
     request_id: str | None = None
     """Quote it when reporting a problem; it is in the server's log."""
     details: list[dict[str, Any]] | None = None
-    """Every validation error, when there were several."""
+    """The validation errors, when there were several: the first 20."""
+    details_omitted: int | None = None
+    """How many validation errors there were past the 20 in ``details``."""
 
 
 class ErrorResponse(Wire):
