@@ -1,13 +1,22 @@
 """Abusive clients cost the gateway little and still get a JSON answer: 8,000 unknown fields are refused at
-once in a bounded answer.
+once in a bounded answer; a body streamed on after a refusal closes the connection instead of being read.
+
+The raw-socket tests run the app on uvicorn with keyrank's own HTTP protocol, as ``keyrank serve`` does, and
+a dead Triton: nothing here is ranked, so no model is needed.
 """
 
 from __future__ import annotations
 
+import select
+import socket
+import threading
 import time
 
+import pytest
+import uvicorn
 from fastapi.testclient import TestClient
 from keyrank.api import create_app
+from keyrank.api.http_protocol import protocol_with_timeout
 from keyrank.config import Settings
 
 DEAD_TRITON = "127.0.0.1:1"
@@ -40,3 +49,54 @@ def test_an_unknown_field_name_of_any_length_is_echoed_cut(tmp_path):
     response = client.post("/rerank", json={"query": "q", "documents": ["a"], "x" * 100_000: 1})
     assert response.status_code == 422 and len(response.content) < 1_000
     assert response.json()["error"]["field"] == "x" * 125 + "..."
+
+
+# --------------------------------------------------------------------------- raw sockets on keyrank's protocol
+
+
+@pytest.fixture(scope="module")
+def port(tmp_path_factory):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = create_app(_settings(tmp_path_factory.mktemp("models"), api_key=KEY))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off",
+                            http=protocol_with_timeout(10.0))
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield port
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+REFUSED_BEFORE_THE_BODY = {
+    "401 without the key": (b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n", b"401"),
+    "413 by Content-Length": (b"POST /rerank HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+                              b"\r\nContent-Type: application/json\r\nContent-Length: 999999999999\r\n\r\n", b"413"),
+    "404 on no route": (b"POST /nothing HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"404"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED_BEFORE_THE_BODY)
+def test_a_body_streamed_on_after_a_refusal_is_not_read_the_connection_closes(port, case):
+    head, status = REFUSED_BEFORE_THE_BODY[case]
+    chunk = b"4000\r\n" + b"x" * 0x4000 + b"\r\n" if b"chunked" in head else b"x" * 0x4000
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head + chunk)
+        answer = sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 " + status) and b"connection: close" in answer.lower(), answer
+        started = time.monotonic()
+        closed_after = None
+        while closed_after is None and time.monotonic() - started < 5:  # the server used to read on for 10 s
+            try:
+                sock.sendall(chunk)  # whole chunks: a broken one would be refused for its framing instead
+                if select.select([sock], [], [], 0.05)[0] and sock.recv(65536) == b"":
+                    closed_after = time.monotonic() - started
+            except OSError:  # reset, broken pipe: closed
+                closed_after = time.monotonic() - started
+    assert closed_after is not None and closed_after < 2.0

@@ -14,7 +14,7 @@ from keyrank.api.dialect import Dialect, Dialects
 from keyrank.api.docs import mount_docs
 from keyrank.api.errors import install_error_handlers
 from keyrank.api.limits import openapi_limits
-from keyrank.api.middleware import ApiKeyGate, BodyLimit, RequestId
+from keyrank.api.middleware import ApiKeyGate, BodyLimit, CloseUnreadBody, RequestId
 from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
 from keyrank.api.routes import cohere, infinity, jina, native, openai, served_names, tei
@@ -62,9 +62,11 @@ def create_app(
     app.state.admission = AdmissionQueue(settings)
     # errors.py answers in the shape of the dialect a path belongs to.
     app.state.dialects = dialects = Dialects(DIALECTS)
-    # add_middleware wraps from the outside in: the request id is set before the key and the size are checked.
+    # add_middleware wraps from the outside in: the request id is set before the key and the size are checked,
+    # and every refusal of theirs is seen by CloseUnreadBody.
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
     app.add_middleware(ApiKeyGate, api_key=settings.api_key, paths=dialects.rerank_paths)
+    app.add_middleware(CloseUnreadBody)
     app.add_middleware(RequestId)
     install_error_handlers(app)
     app.include_router(probes)
