@@ -1,5 +1,6 @@
 """Abusive clients cost the gateway little and still get a JSON answer: 8,000 unknown fields are refused at
-once in a bounded answer; a body streamed on after a refusal closes the connection instead of being read.
+once in a bounded answer; a body streamed on after a refusal closes the connection instead of being read;
+headers past the limit get a JSON 431, however much more the client sends.
 
 The raw-socket tests run the app on uvicorn with keyrank's own HTTP protocol, as ``keyrank serve`` does, and
 a dead Triton: nothing here is ranked, so no model is needed.
@@ -7,6 +8,7 @@ a dead Triton: nothing here is ranked, so no model is needed.
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import threading
@@ -73,6 +75,21 @@ def port(tmp_path_factory):
     thread.join(timeout=5)
 
 
+def _read_answer(sock: socket.socket, seconds: float = 5.0) -> tuple[bytes, dict[str, str], bytes]:
+    """Status line, headers and body of the answer on ``sock``, read until the server closes."""
+    sock.settimeout(seconds)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.split(b"\r\n")
+    headers = {k.decode().lower(): v.decode().strip() for k, _, v in (line.partition(b":") for line in lines)}
+    return status, headers, body
+
+
 REFUSED_BEFORE_THE_BODY = {
     "401 without the key": (b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                             b"Transfer-Encoding: chunked\r\n\r\n", b"401"),
@@ -100,3 +117,37 @@ def test_a_body_streamed_on_after_a_refusal_is_not_read_the_connection_closes(po
             except OSError:  # reset, broken pipe: closed
                 closed_after = time.monotonic() - started
     assert closed_after is not None and closed_after < 2.0
+
+
+@pytest.mark.parametrize("size", [200_000, 8_000_000])
+def test_headers_past_the_limit_get_a_json_431_naming_it(port, size):
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")  # was reset at 8 MB
+        status, headers, body = _read_answer(sock)
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    error = json.loads(body)["error"]
+    assert error["type"] == "headers_too_large" and "16384 bytes" in error["message"]
+    assert error["request_id"] == headers["x-request-id"]
+
+
+def test_a_malformed_request_line_gets_a_json_400(port):
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"NOT AN HTTP REQUEST\r\n\r\n")
+        status, headers, body = _read_answer(sock)
+    assert status == b"HTTP/1.1 400 Bad Request" and headers["content-type"] == "application/json"
+    assert json.loads(body)["error"] == {"type": "bad_request", "message": "invalid HTTP request: illegal request line",
+                                         "request_id": headers["x-request-id"]}
+
+
+def test_a_refused_connection_is_closed_after_lingering_even_if_the_client_never_stops(port):
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000)
+        started = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - started < 6:
+            try:
+                sock.sendall(b"a" * 0x4000)  # the header line never ends
+            except OSError:  # reset, broken pipe: closed
+                closed = True
+    assert closed and time.monotonic() - started < 4
