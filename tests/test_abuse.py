@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import select
 import socket
-import threading
 import time
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from keyrank.api import create_app
 from keyrank.api.http_protocol import protocol_with_timeout
 from keyrank.config import Settings
+from live_gateway import serving
 
 DEAD_TRITON = "127.0.0.1:1"
 KEY = "s3cret"
@@ -58,21 +57,9 @@ def test_an_unknown_field_name_of_any_length_is_echoed_cut(tmp_path):
 
 @pytest.fixture(scope="module")
 def port(tmp_path_factory):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     app = create_app(_settings(tmp_path_factory.mktemp("models"), api_key=KEY))
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off",
-                            http=protocol_with_timeout(10.0))
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield port
-    server.should_exit = True
-    thread.join(timeout=5)
+    with serving(app, lifespan="off", http=protocol_with_timeout(10.0)) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 def _read_answer(sock: socket.socket, seconds: float = 5.0) -> tuple[bytes, dict[str, str], bytes]:
