@@ -22,13 +22,13 @@ def live_gateway(settings: Settings) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serving(app, ready_path: str = "/healthz") -> Iterator[str]:
-    """``app`` on a real uvicorn, free loopback port, once ``ready_path`` answers 200; its base URL while
-    the block runs."""
+def serving(app, ready_path: str = "/healthz", **options) -> Iterator[str]:
+    """``app`` on a real uvicorn (``options``: more of uvicorn's Config, e.g. its ``http`` protocol), free
+    loopback port, once ``ready_path`` answers 200; its base URL while the block runs."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
     thread = threading.Thread(target=server.run, name=f"gateway-{port}", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 from keyrank.api import create_app
-from keyrank.api.routes.compat import document_text
+from keyrank.api.routes.cohere import document_text
 from keyrank.config import Settings
 from keyrank.errors import InvalidRequest
 

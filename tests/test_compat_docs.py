@@ -5,9 +5,10 @@ v2, TEI, Infinity): a field whose description says it is ignored is named in X-K
 from __future__ import annotations
 
 import pytest
-from keyrank.api.routes.compat import ignored_fields
-from keyrank.schemas.compat import CohereRerankRequest, V1RerankRequest
-from keyrank.schemas.dialects import INFINITY_DEFAULT_MODEL, InfinityRerankRequest, TeiRerankRequest
+from keyrank.api.routes.vendor import ignored_fields
+from keyrank.schemas import CohereRerankRequest, V1RerankRequest
+from keyrank.schemas import InfinityRerankRequest, TeiRerankRequest
+from keyrank.schemas.infinity import INFINITY_DEFAULT_MODEL
 
 # A value each field accepts (the required query/documents/model are always sent).
 VALUES = {"top_n": 1, "return_documents": True, "rank_fields": ["text"], "max_tokens_per_doc": 100,

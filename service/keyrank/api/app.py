@@ -1,7 +1,8 @@
-"""The app factory: settings, the reranker's lifetime, the admission queue, middleware, routes, docs."""
+"""The app factory: settings, the reranker's lifetime, the admission queue, middleware, the dialects' routes, docs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -9,20 +10,20 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from keyrank.admission import AdmissionQueue
+from keyrank.api.dialect import Dialect, Dialects
 from keyrank.api.docs import mount_docs
-from keyrank.api.errors import RERANK_PATHS, install_error_handlers
+from keyrank.api.errors import install_error_handlers
 from keyrank.api.limits import openapi_limits
-from keyrank.api.middleware import ApiKeyGate, BodyLimit, RequestId
+from keyrank.api.middleware import ApiKeyGate, BodyLimit, CloseUnreadBody, RequestId
 from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
-from keyrank.api.routes.compat import router as compat_routes
-from keyrank.api.routes.dialects import router as dialect_routes
-from keyrank.api.routes import served_names
-from keyrank.api.routes.native import router as native_routes
+from keyrank.api.routes import cohere, infinity, jina, native, openai, served_names, tei
 from keyrank.config import Settings, get_settings
 from keyrank.reranker import Reranker
 
 SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on a Triton cross-encoder."
+DIALECTS: tuple[Dialect, ...] = (native.DIALECT, jina.DIALECT, cohere.DIALECT, tei.DIALECT, infinity.DIALECT, openai.DIALECT)
+"""The client dialects the gateway speaks, in the order their routes are mounted and listed on the OpenAPI page."""
 
 
 def create_app(
@@ -59,32 +60,33 @@ def create_app(
     app.state.rerankers = dict(rerankers) if rerankers else None
     app.state.reranker = reranker or (next(iter(rerankers.values())) if rerankers else None)
     app.state.admission = AdmissionQueue(settings)
-    # add_middleware wraps from the outside in: the request id is set before the key and the size are checked.
+    # errors.py answers in the shape of the dialect a path belongs to.
+    app.state.dialects = dialects = Dialects(DIALECTS)
+    # add_middleware wraps from the outside in: the request id is set before the key and the size are checked,
+    # and every refusal of theirs is seen by CloseUnreadBody.
     app.add_middleware(BodyLimit, max_body_bytes=settings.max_body_bytes, read_timeout_s=settings.body_read_timeout_s)
-    app.add_middleware(ApiKeyGate, api_key=settings.api_key)
+    app.add_middleware(ApiKeyGate, api_key=settings.api_key, paths=dialects.rerank_paths)
+    app.add_middleware(CloseUnreadBody)
     app.add_middleware(RequestId)
     install_error_handlers(app)
     app.include_router(probes)
-    app.include_router(native_routes)
-    app.include_router(compat_routes)
-    app.include_router(dialect_routes)
+    for dialect in dialects.all:
+        app.include_router(dialect.router, prefix=dialect.prefix)
     mount_docs(app)
     install_playground(app)  # GET /playground unless KEYRANK_PLAYGROUND=false
     app.openapi = lambda: _openapi(app, settings)  # type: ignore[method-assign]
     return app
 
 
-_MODEL_FIELDS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest")
-"""Request schemas with a ``model`` field."""
-
-
-def _openapi_models(schema: dict[str, Any], names: list[str], several: bool) -> None:
-    """With several models served, their names as the enum of each request's ``model`` (Infinity's
+def _openapi_models(schema: dict[str, Any], dialects: Sequence[Dialect], names: list[str], several: bool) -> None:
+    """With several models served, their names as the enum of each dialect's request ``model`` (Infinity's
     placeholder included); with one, any name is accepted (another is named as ignored)."""
     if not several:
         return
-    for name in _MODEL_FIELDS:
-        field = schema["components"]["schemas"][name]["properties"]["model"]
+    for dialect in dialects:
+        if dialect.request is None or "model" not in dialect.request.model_fields:
+            continue
+        field = schema["components"]["schemas"][dialect.request.__name__]["properties"]["model"]
         allowed = names + [field["default"]] if isinstance(field.get("default"), str) else names
         for branch in field.get("anyOf", [field]):
             if branch.get("type") == "string":
@@ -95,13 +97,14 @@ def _openapi(app: FastAPI, settings: Settings) -> dict[str, Any]:
     """FastAPI's schema, plus the configured limits (maxItems/maxLength) and the optional Bearer key."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-        openapi_limits(schema, settings)
-        _openapi_models(schema, served_names(app), several=bool(app.state.rerankers))
+        dialects: Dialects = app.state.dialects
+        openapi_limits(schema, settings, dialects.all)
+        _openapi_models(schema, dialects.all, served_names(app), several=bool(app.state.rerankers))
         if settings.api_key is not None:
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer", "description": "KEYRANK_API_KEY"}
             }
-            for path in RERANK_PATHS:
+            for path in dialects.rerank_paths:
                 schema["paths"][path]["post"]["security"] = [{"bearer": []}]
         app.openapi_schema = schema
     return app.openapi_schema

@@ -4,20 +4,21 @@ Each answer is a 422 that names the field and the setting; the same limits are
 written into the OpenAPI schema as maxItems/maxLength (``openapi_limits``), so
 a client generated from the schema cannot exceed them. The schema's strategy
 enum likewise lists only the strategies this deployment can run (a trained
-strategy needs its trained part under models/gateway/).
+strategy needs its trained part under models/gateway/). Each dialect's record
+(api/dialect.py) says which schema is its request and what it calls the documents.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from keyrank.config import Settings
-from keyrank.errors import LimitExceeded
+from keyrank.errors import InvalidRequest, LimitExceeded
 from keyrank.strategies import REGISTRY
 
-REQUEST_SCHEMAS = ("RerankRequest", "V1RerankRequest", "CohereRerankRequest", "TeiRerankRequest", "InfinityRerankRequest")
-"""OpenAPI components whose ``query`` and ``documents`` (TEI: ``texts``) the limits apply to."""
+if TYPE_CHECKING:
+    from keyrank.api.dialect import Dialect
 
 
 def check_limits(query: str, texts: Sequence[str], settings: Settings) -> None:
@@ -33,17 +34,27 @@ def check_limits(query: str, texts: Sequence[str], settings: Settings) -> None:
             )
 
 
-def openapi_limits(schema: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """Write the limits into the request schemas: documents maxItems, query and text maxLength."""
+def as_sent(exc: InvalidRequest, documents_field: str) -> InvalidRequest:
+    """The same error, its field ``documents...`` named as the dialect's request names the documents (TEI:
+    ``texts...``): the limits and admission speak of ``documents``."""
+    field = exc.field or ""
+    if field.startswith("documents"):
+        exc.field = documents_field + field[len("documents"):]
+        exc.args = (str(exc).replace(field, exc.field, 1), *exc.args[1:])
+    return exc
+
+
+def openapi_limits(schema: dict[str, Any], settings: Settings, dialects: Sequence[Dialect]) -> dict[str, Any]:
+    """Write the limits into each dialect's request schema: documents maxItems, query and text maxLength."""
     components = schema.get("components", {}).get("schemas", {})
-    for name in REQUEST_SCHEMAS:
-        properties = components.get(name, {}).get("properties", {})
+    for dialect in dialects:
+        if dialect.request is None:
+            continue
+        properties = components.get(dialect.request.__name__, {}).get("properties", {})
         if "query" in properties:
             properties["query"]["maxLength"] = settings.max_query_chars
-        for key in ("documents", "texts"):
-            if key not in properties:
-                continue
-            documents = properties[key]
+        if dialect.documents_field in properties:
+            documents = properties[dialect.documents_field]
             documents["maxItems"] = settings.max_documents
             items = documents.get("items", {})
             for member in items.get("anyOf", [items]):

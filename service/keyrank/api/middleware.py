@@ -1,8 +1,8 @@
-"""ASGI middleware, outermost first: request id, API key, body limit.
+"""ASGI middleware, outermost first: request id, closing after an unread body, API key, body limit.
 
 Each works on the raw ASGI messages, before FastAPI reads or parses the body:
 an unauthenticated or oversized request costs the gateway a header scan, never
-a JSON parse.
+a JSON parse, and the connection it came on (``CloseUnreadBody``).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import asyncio
 import re
 import secrets
 import uuid
+from collections.abc import Collection
 
 from fastapi import HTTPException, Request
 from pydantic import SecretStr
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keyrank.api.errors import RERANK_PATHS, error_response, record
+from keyrank.api.errors import error_response, record
 
 _REQUEST_ID = re.compile(r"^[\w.:@/+=-]{1,128}$")  # echo only ids that are safe to log and to put in a header
 
@@ -43,19 +44,54 @@ class RequestId:
         await self.app(scope, receive, send_with_id)
 
 
+class CloseUnreadBody:
+    """``Connection: close`` on an answer sent before the request's body was read (401, 413, 415, 404, ...).
+
+    Kept alive, the server would read and discard the rest of the body before the next request: a client
+    refused with 401 that kept streaming a chunked body held the connection, and 13.6 GB of reading, until
+    the header timeout. Closed, it costs that client a new connection and the gateway nothing more.
+    """
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = Headers(scope=scope)
+        unread = "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+        if not unread:
+            return await self.app(scope, receive, send)
+
+        async def reading() -> Message:
+            nonlocal unread
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                unread = False  # the whole body is in, or the client is gone
+            return message
+
+        async def closing(message: Message) -> None:
+            if message["type"] == "http.response.start" and unread:
+                MutableHeaders(scope=message)["Connection"] = "close"
+            await send(message)
+
+        await self.app(scope, reading, closing)
+
+
 class ApiKeyGate:
-    """401 unless ``Authorization: Bearer <KEYRANK_API_KEY>``, on the rerank routes, before the body is read.
+    """401 unless ``Authorization: Bearer <KEYRANK_API_KEY>``, on the rerank routes (``paths``), before the body is read.
 
     The probes, /metrics and the docs stay open: kubelets and Prometheus call them from inside the
     cluster and they carry no request content.
     """
 
-    def __init__(self, app: ASGIApp, api_key: SecretStr | None):
+    def __init__(self, app: ASGIApp, api_key: SecretStr | None, paths: Collection[str]):
         self.app = app
         self.key = api_key.get_secret_value().encode() if api_key is not None else None
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.key is None or scope["type"] != "http" or scope["path"] not in RERANK_PATHS:
+        if self.key is None or scope["type"] != "http" or scope["path"] not in self.paths:
             return await self.app(scope, receive, send)
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self.key):

@@ -1,7 +1,7 @@
 """Wire format of the HTTP API: requests and responses, apart from any logic.
 
-One module per dialect, like api/routes/: native.py, compat.py, dialects.py, errors.py; common.py
-holds what they share.
+One module per dialect, like api/routes/: native.py, jina.py, cohere.py, tei.py, infinity.py,
+openai.py, each with its error answer; common.py holds what they share, errors.py keyrank's own error.
 
 These dialects map onto the same pipeline:
 - ``POST /rerank``: keyrank's own shape (strategy, selector, evidence, timings);
@@ -22,43 +22,29 @@ checks them and the OpenAPI schema carries them as maxItems/maxLength
 (api/app.py), so the message can name the setting that sets them.
 """
 
-from keyrank.schemas.compat import (
+from keyrank.schemas.cohere import (
     CohereApiVersion,
-    Coverage,
-    EvidenceSpan,
     CohereBilledUnits,
+    CohereErrorResponse,
     CohereMeta,
     CohereRerankRequest,
     CohereRerankResponse,
-    JinaUsage,
-    V1RerankRequest,
-    V1RerankResponse,
     VendorDocument,
     VendorDocumentOut,
     VendorResult,
 )
-from keyrank.schemas.dialects import (
+from keyrank.schemas.common import Coverage, EvidenceSpan
+from keyrank.schemas.errors import ErrorBody, ErrorResponse
+from keyrank.schemas.infinity import (
+    InfinityErrorResponse,
     InfinityModel,
     InfinityModels,
     InfinityRerankRequest,
     InfinityRerankResponse,
     InfinityResult,
     InfinityUsage,
-    ModelCard,
-    ModelList,
-    TeiInfo,
-    TeiRank,
-    TeiRerankRequest,
-    TeiRerankResponse,
 )
-from keyrank.schemas.errors import (
-    CohereErrorResponse,
-    ErrorBody,
-    ErrorResponse,
-    InfinityErrorResponse,
-    TeiErrorResponse,
-    V1ErrorResponse,
-)
+from keyrank.schemas.jina import JinaUsage, V1ErrorResponse, V1RerankRequest, V1RerankResponse
 from keyrank.schemas.native import (
     DocumentIn,
     DocumentOut,
@@ -69,6 +55,8 @@ from keyrank.schemas.native import (
     TimingsOut,
     UsageOut,
 )
+from keyrank.schemas.openai import ModelCard, ModelList
+from keyrank.schemas.tei import TeiErrorResponse, TeiInfo, TeiRank, TeiRerankRequest, TeiRerankResponse
 
 __all__ = [
     "CohereApiVersion", "CohereBilledUnits", "CohereErrorResponse", "CohereMeta", "CohereRerankRequest",

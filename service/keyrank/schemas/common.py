@@ -28,7 +28,7 @@ class StrictRequest(Wire):
 
 class VendorRequest(Wire):
     """Other servers' requests (Jina, Cohere, TEI, Infinity): types are not coerced; unknown fields are accepted
-    and reported as ignored (api/routes/compat.py's ``ignored_fields``)."""
+    and reported as ignored (api/routes/vendor.py's ``ignored_fields``)."""
 
     model_config = ConfigDict(use_attribute_docstrings=True, extra="allow", strict=True)
     ignored_when_sent: ClassVar[frozenset[str]] = frozenset({"return_embeddings", "priority"})
@@ -66,3 +66,27 @@ Count = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]  # this orde
 
 def query_field(**extra: Any) -> Any:
     return Field(min_length=1, examples=[EXAMPLE_QUERY], json_schema_extra={"pattern": NON_BLANK}, **extra)
+
+
+class EvidenceSpan(Wire):
+    """A span of the caller's document that the score rests on."""
+
+    start: int
+    """Character offset of the span's start in the document text (for object documents: the text read)."""
+    end: int
+    """Character offset one past the span's end."""
+
+
+class Coverage(Wire):
+    """keyrank's extension fields of a vendor result, present only when the request sent
+    ``return_evidence: true`` (clients that do not know them ignore them)."""
+
+    evidence: list[EvidenceSpan] | None = None
+    """Spans read for the score (keyb2: selected blocks; maxp: best window); with return_evidence."""
+    truncated: bool | None = None
+    """True whenever the model did not read the whole document (read_tokens < document_tokens); with return_evidence."""
+    read_tokens: int | None = None
+    """Tokens of the document the score rests on (keyb2: the selected blocks; windowed strategies: the windows
+    scored; firstp: the prefix); with return_evidence."""
+    document_tokens: int | None = None
+    """Tokens the whole document has; with return_evidence."""

@@ -1,5 +1,6 @@
-"""Error answers: keyrank's own shape and the vendors' (Jina reads ``detail``, Cohere ``message``, TEI ``error``,
-Infinity's generated client FastAPI's ``detail`` list)."""
+"""keyrank's own error answer; each vendor's error answer is with its other wire types (Jina reads ``detail``,
+Cohere ``message``, TEI ``error``, Infinity's generated client FastAPI's ``detail`` list) and carries this
+structured error too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ class ErrorBody(Wire):
     request_id: str | None = None
     """Quote it when reporting a problem; it is in the server's log."""
     details: list[dict[str, Any]] | None = None
-    """Every validation error, when there were several."""
+    """The validation errors, when there were several: the first 20."""
+    details_omitted: int | None = None
+    """How many validation errors there were past the 20 in ``details``."""
 
 
 class ErrorResponse(Wire):
@@ -31,60 +34,3 @@ class ErrorResponse(Wire):
 
     error: ErrorBody
     """What went wrong."""
-
-
-class V1ErrorResponse(Wire):
-    """4xx/5xx of /v1/rerank: Jina clients read ``detail``, Cohere v1 clients ``message``."""
-
-    detail: str
-    """What went wrong (Jina's field)."""
-    message: str
-    """The same text (Cohere's field)."""
-    error: ErrorBody
-    """keyrank's structured error."""
-
-
-class CohereErrorResponse(Wire):
-    """4xx/5xx of /v2/rerank in Cohere's shape."""
-
-    id: str | None = None
-    """The request id."""
-    message: str
-    """What went wrong (Cohere's field)."""
-    error: ErrorBody
-    """keyrank's structured error."""
-
-
-class TeiErrorResponse(Wire):
-    """4xx/5xx of /tei/*, TEI's shape."""
-
-    error: str
-    """What went wrong (TEI's field)."""
-    error_type: str
-    """TEI's error kind: Validation (4xx from the request), Overloaded (429), Unhealthy (503), Backend (500)."""
-    field: str | None = None
-    """The request field at fault."""
-    request_id: str | None = None
-    """Quote it when reporting a problem; it is in the server's log."""
-
-
-class ValidationDetail(Wire):
-    """One entry of FastAPI's validation error list."""
-
-    loc: list[str | int]
-    """Where: "body" and the field's path."""
-    msg: str
-    """What was wrong."""
-    type: str
-    """keyrank's error kind."""
-
-
-class InfinityErrorResponse(Wire):
-    """4xx/5xx of /infinity/*: FastAPI's ``detail`` list (what Infinity's generated client parses), and keyrank's error."""
-
-    detail: list[ValidationDetail]
-    """One entry naming the field at fault ("body" when none)."""
-    message: str
-    """What went wrong."""
-    error: ErrorBody
-    """keyrank's structured error."""

@@ -1,8 +1,11 @@
-"""The rerank routes, thin: parse (schemas.py), call (api/ranking.py), shape the answer.
+"""The routes, one module per client dialect, thin: parse (schemas/), call (api/ranking.py), shape the answer.
+Each module holds its dialect's record (``DIALECT``, api/dialect.py), which api/app.py mounts.
 
 - native.py: POST /rerank, keyrank's own shape;
-- compat.py: POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2);
-- dialects.py: TEI (/tei/rerank, /tei/info), Infinity (/infinity/rerank, /infinity/models), GET /v1/models.
+- jina.py: POST /v1/rerank (Jina, Cohere v1); cohere.py: POST /v2/rerank (Cohere v2);
+- tei.py: /tei/rerank, /tei/info; infinity.py: /infinity/rerank, /infinity/models;
+- openai.py: GET /v1/models;
+- vendor.py: the rules every vendor dialect shares (the ignored-fields header, the model named).
 
 What every answer shares lives here.
 """
@@ -17,6 +20,9 @@ from fastapi import Request
 
 if TYPE_CHECKING:
     from keyrank.reranker import RankedDocument, Ranking
+
+IGNORED_HEADER = "X-Keyrank-Ignored-Fields"
+"""Names the request's fields that changed nothing (routes/vendor.py's ``ignored_fields``; on POST /rerank, another model's name)."""
 
 
 def served_model(request: Request, ranking: Ranking) -> str:
@@ -44,6 +50,17 @@ def served_names(app: Any) -> list[str]:
     if app.state.reranker is None:
         return []
     return [_public(app.state.settings.model_name or app.state.reranker.model_name)]
+
+
+def prepared_at(request: Request, name: str) -> int:
+    """Unix time the served model ``name`` was prepared: its manifest's modification time (0 if it has none)."""
+    rerankers = request.app.state.rerankers
+    reranker = rerankers[name] if rerankers else request.app.state.reranker
+    manifest = reranker.settings.gateway_dir / "manifest.json"
+    try:
+        return int(manifest.stat().st_mtime)
+    except OSError:
+        return 0
 
 
 def _public(name: str) -> str:

@@ -1,4 +1,4 @@
-"""POST /rerank: keyrank's own shape (strategy, selector, evidence, usage, timings)."""
+"""POST /rerank: keyrank's own shape (strategy, selector, evidence, usage, timings), and its own errors."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from keyrank.api.body import StrictJsonRoute
-from keyrank.api.errors import NATIVE_ERRORS
+from keyrank.api.dialect import Dialect
 from keyrank.api.ranking import rank
-from keyrank.api.routes import served_model, timing_header
-from keyrank.api.routes.compat import IGNORED_HEADER
+from keyrank.api.routes import IGNORED_HEADER, served_model, timing_header
 from keyrank.reranker import RerankOptions
 from keyrank.schemas import (
     DocumentOut,
@@ -29,8 +28,10 @@ if TYPE_CHECKING:
 
 router = APIRouter(tags=["rerank"], route_class=StrictJsonRoute)
 
+DIALECT = Dialect(name="native", router=router, request=RerankRequest)
 
-@router.post("/rerank", response_model=RerankResponse, responses=NATIVE_ERRORS, summary="Rank documents; keyrank's own shape.")
+
+@router.post("/rerank", response_model=RerankResponse, responses=DIALECT.errors, summary="Rank documents; keyrank's own shape.")
 async def rerank(body: RerankRequest, request: Request) -> Response:
     texts = body.texts()
     options = RerankOptions(

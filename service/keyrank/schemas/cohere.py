@@ -1,4 +1,5 @@
-"""POST /v1/rerank (Jina, Cohere v1) and POST /v2/rerank (Cohere v2): the vendors' shapes."""
+"""Cohere's shapes: POST /v2/rerank, and what its v1 shape (POST /v1/rerank, jina.py) shares with it: object
+documents, results and the meta block."""
 
 from __future__ import annotations
 
@@ -10,14 +11,15 @@ from keyrank.schemas.common import (
     EXAMPLE_DOCS,
     EXAMPLE_QUERY,
     Count,
+    Coverage,
     Integer,
     VendorRequest,
     Wire,
     non_blank,
     query_field,
 )
+from keyrank.schemas.errors import ErrorBody
 
-# --------------------------------------------------------------------------- Jina and Cohere v1: /v1/rerank
 
 _VENDOR_OBJECT_SCHEMA = {
     "type": "object",
@@ -30,41 +32,6 @@ VendorDocument = str | Annotated[dict[str, Any], WithJsonSchema(_VENDOR_OBJECT_S
 """A string, or an object: its ``text`` field is read, or the ``rank_fields`` as "field: value" lines."""
 
 
-class V1RerankRequest(VendorRequest):
-    """POST /v1/rerank: Jina AI's shape, which Cohere's v1 shape extends; both clients post here."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [{"model": "jina-reranker-v2-base-multilingual", "query": EXAMPLE_QUERY, "documents": EXAMPLE_DOCS, "top_n": 1}]
-        }
-    )
-
-    model: str | None = None
-    """With several models served (KEYRANK_MODELS) it picks one by name (GET /v1/models lists them); unset = the default, another name = 422 listing them. With one model served: accepted, and listed as ignored when it names another."""
-    query: str = query_field()
-    """The search query, non-blank; same limits as POST /rerank."""
-    documents: list[VendorDocument] = Field(min_length=1, examples=[EXAMPLE_DOCS])
-    """Strings, or objects with a ``text`` field (or the ``rank_fields``); same limits as POST /rerank."""
-    top_n: Count | None = None
-    """Return only the best top_n results; unset = all."""
-    return_documents: bool = True
-    """Echo each result's document (Jina's default: true)."""
-    rank_fields: list[str] | None = None
-    """Cohere v1: the fields of object documents that are read, as "field: value" lines; unset = ``text``."""
-    max_tokens_per_doc: Count | None = None
-    """Read at most this many tokens of each document."""
-    max_chunks_per_doc: Count | None = None
-    """Cohere v1: the most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
-    under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
-    return_embeddings: bool | None = None
-    """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
-    return_evidence: bool = False
-    """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
-    document_tokens); clients that do not know these fields still parse the answer."""
-
-    _query_not_blank = field_validator("query")(non_blank)
-
-
 class VendorDocumentOut(Wire):
     """The document as sent: {"text": ...} for a string; an object is echoed as it came."""
 
@@ -72,30 +39,6 @@ class VendorDocumentOut(Wire):
 
     text: str | None = None
     """The document text (for a string document)."""
-
-
-class EvidenceSpan(Wire):
-    """A span of the caller's document that the score rests on."""
-
-    start: int
-    """Character offset of the span's start in the document text (for object documents: the text read)."""
-    end: int
-    """Character offset one past the span's end."""
-
-
-class Coverage(Wire):
-    """keyrank's extension fields of a vendor result, present only when the request sent
-    ``return_evidence: true`` (clients that do not know them ignore them)."""
-
-    evidence: list[EvidenceSpan] | None = None
-    """Spans read for the score (keyb2: selected blocks; maxp: best window); with return_evidence."""
-    truncated: bool | None = None
-    """True whenever the model did not read the whole document (read_tokens < document_tokens); with return_evidence."""
-    read_tokens: int | None = None
-    """Tokens of the document the score rests on (keyb2: the selected blocks; windowed strategies: the windows
-    scored; firstp: the prefix); with return_evidence."""
-    document_tokens: int | None = None
-    """Tokens the whole document has; with return_evidence."""
 
 
 class VendorResult(Coverage):
@@ -107,13 +50,6 @@ class VendorResult(Coverage):
     """sigmoid of keyrank's score: in (0, 1) as Jina and Cohere clients expect, same order."""
     document: VendorDocumentOut | None = None
     """The document; with return_documents."""
-
-
-class JinaUsage(Wire):
-    """Jina's usage block."""
-
-    total_tokens: int
-    """Tokens the cross-encoder read (keyrank's scored_tokens)."""
 
 
 class CohereApiVersion(Wire):
@@ -137,24 +73,6 @@ class CohereMeta(Wire):
     """Version of the Cohere shape."""
     billed_units: CohereBilledUnits
     """Search units of the request."""
-
-
-class V1RerankResponse(Wire):
-    """POST /v1/rerank answer: Jina's fields (model, usage, results) and Cohere v1's (id, results, meta)."""
-
-    id: str
-    """The request id (also the X-Request-ID header)."""
-    model: str
-    """The cross-encoder that scored the documents (KEYRANK_MODEL_NAME)."""
-    usage: JinaUsage
-    """Tokens read."""
-    results: list[VendorResult]
-    """Best first, cut to top_n."""
-    meta: CohereMeta
-    """Cohere v1's API version and billing."""
-
-
-# --------------------------------------------------------------------------- Cohere v2: /v2/rerank
 
 
 class CohereRerankRequest(VendorRequest):
@@ -199,3 +117,14 @@ class CohereRerankResponse(Wire):
     """Best first, cut to top_n."""
     meta: CohereMeta
     """API version and billing."""
+
+
+class CohereErrorResponse(Wire):
+    """4xx/5xx of /v2/rerank in Cohere's shape."""
+
+    id: str | None = None
+    """The request id."""
+    message: str
+    """What went wrong (Cohere's field)."""
+    error: ErrorBody
+    """keyrank's structured error."""
