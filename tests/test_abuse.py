@@ -138,3 +138,25 @@ def test_a_refused_connection_is_closed_after_lingering_even_if_the_client_never
             except OSError:  # reset, broken pipe: closed
                 closed = True
     assert closed and time.monotonic() - started < 4
+
+
+# --------------------------------------------------------------------------- Retry-After past the keep-alive
+
+
+def test_a_retry_after_past_the_keep_alive_closes_the_connection_and_the_retry_gets_a_new_one(prepared_models):
+    import httpx
+
+    # A dead Triton: these requests are refused at the door, before scoring.
+    app = create_app(_settings(prepared_models, keep_alive_s=5.0, max_queued_sequences=4, capacity_sequences_per_s=4.0))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=10) as client:
+        queue = app.state.admission
+        queue.small_depth = queue.small_reserve  # small requests' reserve full too
+        queue.depth = queue.rate * 11  # 11 s of queued work: Retry-After 11, past the 5 s keep-alive
+        refused = client.post("/rerank", json={"query": "q", "documents": ["a"]})
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 5
+        assert refused.headers["connection"] == "close"  # the client knows to reconnect when it retries
+        queue.depth = queue.rate * 2  # a short wait: the connection is worth keeping
+        short = client.post("/rerank", json={"query": "q", "documents": ["a"]})
+        assert short.status_code == 429 and short.headers["retry-after"] == "2"
+        assert "connection" not in short.headers or short.headers["connection"] != "close"
+        queue.depth = queue.small_depth = 0

@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(30.0, description="Deadline for one /rerank; past it the answer is 503.")
     triton_connect_timeout_s: float = Field(1.0, description="Health/readiness probe timeout towards Triton.")
     retry_after_s: int = Field(1, description="Retry-After header on 503.")
+    keep_alive_s: float = Field(5.0, gt=0, description="Idle seconds a keep-alive connection stays open (uvicorn's timeout_keep_alive, keyrank serve). A 429 or 503 whose Retry-After is as long or longer closes its connection (Connection: close): a client that waits and retries then opens a new one instead of writing into one the server has closed.")
     shutdown_grace_s: float = Field(10.0, gt=0, description="On SIGTERM, seconds in-flight requests may still finish; those running past it get 503 + Retry-After (keyrank serve). Kubernetes' terminationGracePeriodSeconds must exceed it (the chart checks).")
 
     # --- admission control (admission.py: 429 before any tokenizing) ----------

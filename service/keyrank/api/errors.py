@@ -182,7 +182,7 @@ async def _invalid_request(request: Request, exc: InvalidRequest) -> JSONRespons
 
 async def _overloaded(request: Request, exc: Overloaded) -> JSONResponse:
     record(request, "overloaded")
-    return error_response(request, 429, "overloaded", str(exc), headers={"Retry-After": str(exc.retry_after_s)})
+    return error_response(request, 429, "overloaded", str(exc), headers=retry_headers(request, exc.retry_after_s))
 
 
 async def _unavailable(request: Request, exc: ScoringUnavailable) -> JSONResponse:
@@ -191,7 +191,16 @@ async def _unavailable(request: Request, exc: ScoringUnavailable) -> JSONRespons
     log.warning("scoring unavailable, request_id=%s: %s", getattr(request.state, "request_id", None), exc)
     retry_after = request.app.state.settings.retry_after_s
     message = f"scoring is unavailable (backend down, not ready or past the request deadline); retry after {retry_after} s"
-    return error_response(request, 503, "unavailable", message, headers={"Retry-After": str(retry_after)})
+    return error_response(request, 503, "unavailable", message, headers=retry_headers(request, retry_after))
+
+
+def retry_headers(request: Request, seconds: int) -> dict[str, str]:
+    """``Retry-After``, and ``Connection: close`` when the wait outlasts the keep-alive timeout: the server
+    closes an idle connection after ``keep_alive_s``, and a client retrying on it would write into a closed one."""
+    headers = {"Retry-After": str(seconds)}
+    if seconds >= request.app.state.settings.keep_alive_s:
+        headers["Connection"] = "close"
+    return headers
 
 
 async def _client_closed(request: Request, exc: ClientClosed) -> JSONResponse:

@@ -127,9 +127,11 @@ def serve(settings: Settings) -> int:
                 if value:
                     os.environ[name] = value
             os.environ["KEYRANK_HEADER_READ_TIMEOUT_S"] = str(settings.header_read_timeout_s)
+            os.environ["KEYRANK_KEEP_ALIVE_S"] = str(settings.keep_alive_s)  # the workers' 429s/503s close past it
             uvicorn.run(
                 "keyrank.modelserver.launcher:create_served_app", factory=True, host=settings.host, port=settings.port,
                 workers=settings.workers, log_level="info", timeout_graceful_shutdown=settings.shutdown_grace_s,
+                timeout_keep_alive=settings.keep_alive_s,
                 http=HTTP_PROTOCOL,
             )
         else:
@@ -138,7 +140,7 @@ def serve(settings: Settings) -> int:
             config = uvicorn.Config(
                 AnswerCutRequests(create_app(settings), settings.retry_after_s), host=settings.host, port=settings.port,
                 log_level="info", timeout_graceful_shutdown=settings.shutdown_grace_s,
-                http=protocol_with_timeout(settings.header_read_timeout_s),
+                timeout_keep_alive=settings.keep_alive_s, http=protocol_with_timeout(settings.header_read_timeout_s),
             )
             uvicorn.Server(config).run()
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has drained; fall through to stop Triton
