@@ -65,7 +65,7 @@ class SelectorSpec:
     name: str
     """The API's name for it."""
     scored_by: Literal["gateway", "model"]
-    """``gateway``: scored in-process on the CPU (``module.score_blocks``); ``model``: every block is sent
+    """``gateway``: scored in-process on the CPU (the selector object ``module.build`` makes); ``model``: every block is sent
     alone with the query to the cross-encoder first (one extra round trip, awaited by the reranker)."""
     module: str | None
     """The module whose ``build(context: SelectorContext) -> BlockSelector`` makes it (gateway selectors)."""

@@ -101,7 +101,7 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
                    settings: Any, *, selector: str | None) -> list[Passage]:
     """What keyb2 reads of every document: the settings' budget rule and selection rules in one call.
 
-    ``fits``: document tokens that fit next to the query (``Pipeline.budget``);
+    ``fits``: document tokens that fit next to the query (``Resolved.budget``);
     ``settings``: a ``Settings`` (its ``keyb2_*`` fields); ``selector``: what scored the blocks
     (``keyb2_min_score_share`` applies to the selectors in ``SHARE_SELECTORS`` only)."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
