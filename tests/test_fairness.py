@@ -178,6 +178,7 @@ async def _alone(url: str) -> float:
 
 @pytest.mark.slow
 @pytest.mark.triton
+@pytest.mark.timeout(1800)
 def test_measure_small_request_latency_behind_a_heavy_one(prepared_models, embedded_triton):
     """The figures in docs/RELIABILITY.md ("Fairness"): ``pytest tests/test_fairness.py -m slow -s``. Idle and
     loaded measurements alternate in rounds, so a change in the machine's other load hits both alike."""
