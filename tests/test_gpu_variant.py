@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
-from keyrank.modelserver.gpu import REPOSITORY, write_gpu_repository
+from keyrank.prepare.gpu_repository import REPOSITORY, write_gpu_repository
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.local import LocalScorer
