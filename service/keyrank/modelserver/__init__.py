@@ -6,7 +6,10 @@ Nothing on the request path imports this package except to start or reach it
 - ``launcher``: ``keyrank serve``: the embedded Triton, then the gateway's workers.
 - ``embedded``: ``EmbeddedTriton``: the ``tritonserver`` of the nvidia-pytriton
   wheel: spawn, readiness, restart, stop, log tail.
-- ``arguments``: its command line, ports, work dir and environment.
+- ``arguments``: the wheel's server and backend, free ports, the environment.
+- ``workdir``: its private work dir and the lock that owns it; ``leftovers``: what a
+  killed server left, removed by the next one.
+- ``process``: the tritonserver child, in its own process group, dead with its parent.
 - ``supervision``: health checks of the model process and its repairs.
 - ``admin``: Triton's HTTP endpoint (health, repository, statistics, a probe inference), one client for all of them.
 - ``guard``: the sidecar that answers for the model path next to an external Triton.
