@@ -1,7 +1,7 @@
 """The embedded Triton: the ``tritonserver`` binary shipped in the
 ``nvidia-pytriton`` wheel, run as a child process on the generated
 ``models/triton-embedded`` repository (Python backend running model.onnx with
-ONNX Runtime).
+ONNX Runtime), staged at each start in its work dir (``repository``).
 
 It listens on loopback only, on free ports unless told otherwise, never outlives
 the gateway (``process``), and writes only into a private work dir (``workdir``).
@@ -36,7 +36,7 @@ from keyrank.modelserver.arguments import (
     missing_model_message,
 )
 from keyrank.modelserver.process import ServerProcess
-from keyrank.modelserver.repository import write_served_repository
+from keyrank.modelserver.repository import MODEL_NAME, stage
 from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.workdir import WorkDir
 
@@ -73,12 +73,16 @@ class EmbeddedTriton:
         self.settings: Settings = settings
         """Where the model name, ports and ready timeout come from."""
         served = {} if repository is not None else settings.served_models()
-        self.repository: Path = Path(repository or settings.embedded_repository()).resolve()
-        """The Triton model repository served."""
         self.models: tuple[str, ...] = tuple(served) or (settings.triton_model,)
         """The models loaded, watched and repaired: KEYRANK_MODELS' names (each its own Triton model), else one."""
         self.model: str = self.models[0]
         """The default model (the only one unless KEYRANK_MODELS names several)."""
+        variant = settings.embedded_repository()
+        self.prepared: dict[str, Path] = {
+            name: Path(folder).resolve() / variant.name / MODEL_NAME for name, folder in served.items()
+        } or {self.model: Path(repository or variant).resolve() / self.model}
+        """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
+        self._served = served
 
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
@@ -92,10 +96,16 @@ class EmbeddedTriton:
 
         self._work = WorkDir(work_dir)  # sweeps what killed servers left, then holds its own lock
         self.work_dir: Path = self._work.path
-        """Private directory: backends/, the log, the served repository of several models."""
+        """Private directory: backends/, the log, the served repository."""
         self._shm_prefix = self._work.shm_prefix
-        if served:
-            self.repository = self._stage(served)
+        self.repository: Path = self.work_dir / "repository"
+        """The repository Triton serves: staged from ``prepared`` at each start."""
+        if served:  # a folder that was not prepared is named before anything starts
+            try:
+                self._stage()
+            except ModelAssetsMissing:
+                self._work.remove()
+                raise
         self.log_path: Path = self.work_dir / "tritonserver.log"
         """stdout + stderr of the server and of its Python backend stubs."""
 
@@ -123,15 +133,15 @@ class EmbeddedTriton:
         # A gateway that exits without close() still stops its server and removes the private dir.
         atexit.register(self.close)
 
-    def _stage(self, served: dict[str, Path]) -> Path:
-        """One repository in the work dir, an entry per served model under its name."""
-        repository = self.work_dir / "repository"
-        try:
-            write_served_repository(repository, served, self.settings.embedded_repository().name)
-        except FileNotFoundError as exc:
-            self._work.remove()
-            raise ModelAssetsMissing(str(exc)) from None
-        return repository
+    def _stage(self) -> None:
+        """``repository`` from the prepared folders; raises ModelAssetsMissing naming one not prepared."""
+        for name, folder in self.prepared.items():
+            config = folder / "config.pbtxt"
+            if not config.is_file():
+                if name in self._served:
+                    raise ModelAssetsMissing(f"model {name!r}: {config} not found (run `keyrank prepare --out {self._served[name]}`)")
+                raise ModelAssetsMissing(missing_model_message(folder.parent, name))
+        stage(self.repository, self.prepared)
 
     # --- addresses ---------------------------------------------------------
 
@@ -214,9 +224,7 @@ class EmbeddedTriton:
     def _start_locked(self) -> None:
         if self.is_running():
             return
-        for model in self.models:
-            if not (self.repository / model / "config.pbtxt").exists():
-                raise ModelAssetsMissing(missing_model_message(self.repository, model))
+        self._stage()
         wheel = PytritonWheel()
         command = self._command(wheel, wheel.backend_dir(self.work_dir))
         for port, setting in self._port_settings.items():  # a restart finds a port taken meanwhile at once

@@ -2,13 +2,20 @@
 
 `keyrank prepare` (``keyrank.prepare.repositories``) writes each model folder by the
 names below and copies the Python-backend code of ``python_models/`` beside the
-weights; the server reads them as they are. Several prepared folders are served
-as one repository that the server stages in its private work dir at start.
+weights. The server does not serve those folders themselves: at each start it
+stages a repository in its private work dir, each model's config.pbtxt copied
+(named for the model it is served as) and its version folders' files linked.
+Triton's Python backend stub runs Python isolated (PYTHONDONTWRITEBYTECODE does
+not reach it) and compiles model.py into a ``__pycache__`` beside the path it
+imported: through the links that is the work dir, never the model folder, which
+may be a read-only volume. The same staging serves several prepared folders as
+one repository (``keyrank serve`` with KEYRANK_MODELS).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 MODEL_NAME = "cross_encoder"
@@ -19,24 +26,19 @@ PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"
 """The Python-backend models `keyrank prepare` copies into a version folder (they run in Triton's stub)."""
 
 
-def write_served_repository(out: Path, models: dict[str, Path], variant: str) -> None:
-    """One Triton repository serving several prepared models (``keyrank serve --models``): under ``out``, each
-    model's ``<folder>/<variant>/cross_encoder`` as ``out/<name>``: its config.pbtxt with the name rewritten,
-    its version folder's files as symlinks (no copy of the weights). Raises FileNotFoundError naming a
-    folder that was not prepared."""
+def stage(repository: Path, models: dict[str, Path]) -> None:
+    """``repository`` afresh, with ``repository/<name>`` for each ``name: prepared model folder``: its
+    config.pbtxt with the name rewritten, its version folders' files as symlinks (no copy of the weights).
+    Each folder must hold a config.pbtxt: the caller says which was not prepared."""
+    shutil.rmtree(repository, ignore_errors=True)  # nothing stale from an earlier start survives
     for name, folder in models.items():
-        source = Path(folder).resolve() / variant / MODEL_NAME
-        config = source / "config.pbtxt"
-        if not config.is_file():
-            raise FileNotFoundError(f"model {name!r}: {config} not found (run `keyrank prepare --out {folder}`)")
-        text = re.sub(r'^name: ".*"$', f'name: "{name}"', config.read_text(), count=1, flags=re.MULTILINE)
-        (out / name).mkdir(parents=True, exist_ok=True)
-        (out / name / "config.pbtxt").write_text(text)
-        for version in (p for p in source.iterdir() if p.is_dir() and p.name.isdigit()):
-            target = out / name / version.name
-            target.mkdir(parents=True, exist_ok=True)
+        config = (folder / "config.pbtxt").read_text()
+        text = re.sub(r'^name: ".*"$', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
+        (repository / name).mkdir(parents=True)
+        (repository / name / "config.pbtxt").write_text(text)
+        for version in (p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()):
+            (repository / name / version.name).mkdir()
             for file in version.iterdir():
-                link = target / file.name
-                if not link.is_symlink() or link.resolve() != file.resolve():
-                    link.unlink(missing_ok=True)
-                    link.symlink_to(file.resolve())
+                # A __pycache__ left there by an earlier server would take this one's bytecode back to the model.
+                if file.name != "__pycache__":
+                    (repository / name / version.name / file.name).symlink_to(file.resolve())

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the model: see model.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_encoder.py, grouping.py lie beside this file
 from grouping import execute_grouped
 from torch_encoder import TorchCrossEncoder
