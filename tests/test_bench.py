@@ -55,7 +55,7 @@ def test_gpu_bench_http_and_baseline_parts_run_end_to_end_on_cpu(prepared_models
     from keyrank.bench.gpu import end_to_end
     from keyrank.bench.workloads import candidate_documents
     from keyrank.config import Settings
-    from keyrank.modelserver.gpu import REPOSITORY, write_gpu_repository
+    from keyrank.prepare.gpu_repository import REPOSITORY, write_gpu_repository
     from keyrank.pipeline import Pipeline
     from shared_data import CE_MODEL
 

@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from keyrank.prepare import cross_encoder as onnx_export
 from keyrank.prepare import export
 from keyrank.prepare.export import ExportMismatch, prepare
-from keyrank.modelserver.repository import triton_config
+from keyrank.prepare.repositories import triton_config
 from shared_data import CE_MODEL, DATASETS, linked_copy
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from tritonclient.grpc import model_config_pb2

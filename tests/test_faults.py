@@ -234,7 +234,7 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     # The rule behind "at most one repair": Triton unloads in the background, so the replaced stub
     # exits after the new one serves; a stub that dies with no successor is a crash.
     from keyrank.modelserver import supervision
-    from keyrank.modelserver.supervision import Stub, Supervisor
+    from keyrank.modelserver.supervision import Repair, Stub, Supervisor
 
     class Server:
         model, models, pid = "cross_encoder", ("cross_encoder",), 1
@@ -245,7 +245,51 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: seen.pop(0))
     supervisor = Supervisor(Server())
     assert [supervisor._check_stubs(1) for _ in range(3)] == [None, None, None]
-    assert "pid 20" in supervisor._check_stubs(1)
+    fault = supervisor._check_stubs(1)
+    assert fault.repair is Repair.RELOAD and "pid 20" in fault.reason
+
+
+def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
+    # Another server on our port can only be fixed by a restart of ours (a reload would reload theirs
+    # or nothing); a model fault behind our live server by a reload, however it is worded.
+    from keyrank.modelserver import supervision
+    from keyrank.modelserver.supervision import Fault, Repair, Supervisor
+
+    done: list[str] = []
+
+    class Admin:
+        def server_id(self) -> str:
+            return "another server"
+
+        def model_ready(self, model: str) -> bool:
+            return True
+
+        def unload(self, model: str) -> bool:
+            done.append("unload")
+            return True
+
+    class Server:
+        model, models, server_id, pid, returncode = "cross_encoder", ("cross_encoder",), "ours", 1, None
+        wanted = serving = True
+        lifecycle = threading.RLock()
+        admin = Admin()
+
+        def reload_model(self) -> None:
+            done.append("reload")
+
+        def restart_locked(self) -> None:
+            done.append("restart")
+
+    monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
+    supervisor = Supervisor(Server(), stable_after_s=0)
+    fault = supervisor.diagnose()
+    assert fault.repair is Repair.RESTART, fault
+    supervisor.repair(fault)
+    assert done == ["restart"]
+    done.clear()
+    supervisor.repair(Fault(Repair.RELOAD, "Triton's port answers, the model does not"))
+    assert done == ["unload", "reload"]
+    assert [how for how, _ in supervisor.repairs] == ["Triton restart", "model reload"]
 
 
 def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_maxp_requests(embedded_triton, reranker):

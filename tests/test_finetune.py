@@ -239,7 +239,7 @@ def test_any_prepared_model_with_any_strategy_can_teach(toy):
 def test_a_teacher_scores_on_its_pytorch_variant_as_on_onnx_runtime(toy):
     """The GPU machine's teacher path (``teacher_runtime="torch"``, auto on cuda), run here on the CPU in
     fp32: its own cache file, and the scores the served ONNX teacher gives."""
-    from keyrank.modelserver.gpu import write_gpu_repository
+    from keyrank.prepare.gpu_repository import write_gpu_repository
     from keyrank.prepare.export import prepare
     from keyrank.reranker import Reranker
     from keyrank.training import finetune

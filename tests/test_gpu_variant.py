@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
-from keyrank.modelserver.gpu import REPOSITORY, write_gpu_repository
+from keyrank.prepare.gpu_repository import REPOSITORY, write_gpu_repository
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.local import LocalScorer
@@ -139,6 +139,8 @@ def test_embedded_triton_serves_the_gpu_variant_with_the_onnx_scores(gpu_models,
         scores = asyncio.run(score())
     np.testing.assert_allclose(scores.logits, onnx_scores.logits, atol=1e-4)
     np.testing.assert_allclose(scores.pooled, onnx_scores.pooled, atol=1e-4)
+    # model.py imported torch_encoder.py and grouping.py from beside itself, and compiled none of them there.
+    assert list((gpu_models / REPOSITORY).rglob("__pycache__")) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")

@@ -22,6 +22,9 @@ MODEL_SERVER_DOORS = {
     "keyrank.reranker": {"keyrank.modelserver.embedded"},  # Reranker.embedded()
     "keyrank.scoring.pytorch": {"keyrank.modelserver.python_models.torch_encoder"},  # the GPU model code, shared
 }
+# Prepare-time code writes what the model server serves, so it reads the server's side of that contract
+# (the model's name, its tensors, the Python-backend code copied beside the weights), and nothing else of it.
+PREPARE_TIME_DOORS = {"keyrank.modelserver.repository"}
 FRONT_DOOR = "keyrank.cli"  # dispatches every command, so it may import every room
 
 
@@ -103,9 +106,16 @@ def test_the_request_path_reaches_the_model_server_only_through_its_doors():
     assert arrows == []
 
 
-def test_offline_tools_and_the_model_server_are_never_imported_by_prepare_time_code():
+def test_prepare_time_code_never_imports_offline_tools_and_reaches_the_model_server_only_for_its_contract():
     arrows = sorted((m, d) for m, deps in _graph().items() if _room(m, PREPARE_TIME)
-                    for d in deps if _room(d, OFFLINE))
+                    for d in deps if _room(d, OFFLINE) or (_room(d, MODEL_SERVER) and d not in PREPARE_TIME_DOORS))
+    assert arrows == []
+
+
+def test_the_model_server_never_imports_prepare_time_or_offline_code():
+    # What runs beside the service must not need the export extra (PyTorch, transformers) or a tool.
+    arrows = sorted((m, d) for m, deps in _graph().items() if _room(m, MODEL_SERVER)
+                    for d in deps if _room(d, PREPARE_TIME + OFFLINE))
     assert arrows == []
 
 

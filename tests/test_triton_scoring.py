@@ -21,6 +21,7 @@ from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.triton import TritonScorer
 from keyrank.modelserver.embedded import EmbeddedTriton, EmbeddedTritonError
 from tokenizers import Tokenizer
+from shared_data import linked_copy
 
 # Real text of very different lengths, so the pairs land in every bucket (64..512).
 _NORMANS = (
@@ -361,6 +362,23 @@ def test_embedded_triton_dies_with_the_process_that_started_it(prepared_models, 
                                                                                embedded_metrics_port=0), supervise=False).close()
     assert not list(Path("/dev/shm").glob(f"keyrank_{gateway}_*"))
     assert (tmp_path / "tritonserver.log").exists()  # the caller's work dir is the caller's: never swept
+
+
+def _files(root: Path) -> dict[str, int]:
+    """Every file and folder under ``root`` with its modification time: an entry added anywhere changes it."""
+    return {str(path.relative_to(root)): path.stat().st_mtime_ns for path in sorted(root.rglob("*"))}
+
+
+@pytest.mark.triton
+def test_the_model_process_writes_nothing_beside_the_model(prepared_models, tmp_path):
+    # A read-only model volume is the norm in a container. The stub runs Python isolated (no
+    # PYTHONDONTWRITEBYTECODE), and compiled model.py and grouping.py into a __pycache__ beside them.
+    repository = linked_copy(Path(prepared_models) / "triton-embedded", tmp_path / "triton-embedded")
+    before = _files(repository)
+    settings = _settings(embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    with EmbeddedTriton(repository, settings=settings) as server:
+        assert server.admin.probe_inference(server.model, timeout=60) is None  # model.py and grouping.py ran
+    assert _files(repository) == before
 
 
 @pytest.mark.triton

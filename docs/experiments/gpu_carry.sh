@@ -16,7 +16,7 @@ mkdir -p "$(dirname "$EXCLUDE")"
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
 rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/datasets/qmsum .gpu/wheels
 cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/models/gateway/
-"$PY" -m keyrank.modelserver.gpu --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
+"$PY" -m keyrank.prepare.gpu_repository --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
 cp -r ../shared/datasets/qmsum/val .gpu/datasets/qmsum/
 # The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
 NAMES="fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"

@@ -37,7 +37,7 @@ from keyrank.bench import http_load
 from keyrank.bench.processes import worker_processes
 from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
-from keyrank.modelserver.gpu import REPOSITORY
+from keyrank.prepare.gpu_repository import REPOSITORY
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.modelserver.repository import MODEL_NAME
 
@@ -179,7 +179,7 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
         return result
     folder = model_dir / REPOSITORY / MODEL_NAME / "1"
     if not (folder / "encoder.json").exists():
-        raise SystemExit(f"{folder} missing: python -m keyrank.modelserver.gpu --out {model_dir} --model <checkpoint>")
+        raise SystemExit(f"{folder} missing: python -m keyrank.prepare.gpu_repository --out {model_dir} --model <checkpoint>")
     pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
     rows = np.stack([ids for ids in pipeline.plan(queries[0], pool[:20], RerankOptions(strategy="maxp")).inputs.ids if len(ids) == 512][:64])
     peak = matmul_peak()

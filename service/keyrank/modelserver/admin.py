@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-_PROBE_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+from keyrank.modelserver.repository import INPUTS
 
 
 class TritonAdmin:
@@ -89,7 +89,7 @@ class TritonAdmin:
     def probe_inference(self, model: str, timeout: float) -> str | None:
         """One tiny real inference ([1, 8] tokens). None if it scored; else "timeout" or Triton's error."""
         body = {
-            "inputs": [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in _PROBE_INPUTS],
+            "inputs": [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in INPUTS],
             "outputs": [{"name": "logits"}],
         }
         t0 = time.monotonic()

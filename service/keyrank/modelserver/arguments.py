@@ -1,13 +1,10 @@
 """What the embedded Triton needs before it starts: the nvidia-pytriton wheel's
-server and Python backend, free loopback ports, the model in the repository,
-and a child that dies with its parent.
+server and Python backend, free loopback ports, and the model in the repository.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import socket
 import sys
 import sysconfig
@@ -15,7 +12,6 @@ from pathlib import Path
 
 from keyrank.errors import KeyrankError
 
-_PR_SET_PDEATHSIG = 1
 PORT_SETTINGS = ("KEYRANK_EMBEDDED_HTTP_PORT", "KEYRANK_EMBEDDED_GRPC_PORT", "KEYRANK_EMBEDDED_METRICS_PORT")
 """The variables that fix the embedded ports, in (http, grpc, metrics) order."""
 
@@ -149,19 +145,3 @@ def missing_model_message(repository: Path, model: str) -> str:
     if found:
         return message + f"; prepared models exist at {found[0]}: point KEYRANK_MODEL_DIR (--model-dir, model_dir=) there"
     return message + f"; looked also in {', '.join(str(c) for c in dict.fromkeys(candidates))}: run `keyrank prepare --out {model_dir}`"
-
-
-# --- the child process -------------------------------------------------------------------------
-
-# Resolved in the parent: between fork and exec the child may only make a plain call, since
-# another thread (gRPC's, uvicorn's) may hold the loader's lock at the moment of the fork.
-_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the spawning thread dies."""
-    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
-die_with_parent = _die_with_parent if _prctl is not None else None
-"""``preexec_fn`` for the server (None where the kernel has no parent-death signal)."""

@@ -1,15 +1,14 @@
 """The embedded Triton: the ``tritonserver`` binary shipped in the
 ``nvidia-pytriton`` wheel, run as a child process on the generated
 ``models/triton-embedded`` repository (Python backend running model.onnx with
-ONNX Runtime).
+ONNX Runtime), staged at each start in its work dir (``repository``).
 
-It listens on loopback only, on free ports unless told otherwise, and never
-outlives the gateway: it gets its own process group (the Python backend stubs
-are its children, so one ``killpg`` reaches them all) and ``PR_SET_PDEATHSIG``
-so the kernel kills it if we die. Each server gets a random ``--id`` that the
-ready probe checks, so another process on the same port is never mistaken for
-ours, and a random admin key: without it only health, metadata and inference
-answer (Triton's restricted-API options). Models are loaded explicitly, so the
+It listens on loopback only, on free ports unless told otherwise, never outlives
+the gateway (``process``), and writes only into a private work dir (``workdir``).
+Each server gets a random ``--id`` that the ready probe checks, so another
+process on the same port is never mistaken for ours, and a random admin key:
+without it only health, metadata and inference answer (Triton's restricted-API
+options). Models are loaded explicitly, so the
 supervisor (supervision.py, on by default) can unload and reload a model whose
 stub died.
 """
@@ -20,31 +19,26 @@ import atexit
 import os
 import re
 import secrets
-import shutil
-import signal
-import subprocess
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
-from keyrank.modelserver import leftovers
 from keyrank.modelserver.admin import TritonAdmin
-from keyrank.modelserver.repository import write_served_repository
-from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.arguments import (
     PORT_SETTINGS,
     EmbeddedTritonError,
     PytritonWheel,
     check_port_free,
-    die_with_parent,
     free_ports,
     missing_model_message,
 )
+from keyrank.modelserver.process import ServerProcess
+from keyrank.modelserver.repository import MODEL_NAME, stage
+from keyrank.modelserver.supervision import Supervisor
+from keyrank.modelserver.workdir import WorkDir
 
 __all__ = ["ADMIN_HEADER", "GRPC_ADMIN_HEADER", "EmbeddedTriton", "EmbeddedTritonError"]
 
@@ -78,54 +72,43 @@ class EmbeddedTriton:
         settings = settings or get_settings()
         self.settings: Settings = settings
         """Where the model name, ports and ready timeout come from."""
-        self.repository: Path = Path(repository or settings.embedded_repository()).resolve()
-        """The Triton model repository served."""
         served = {} if repository is not None else settings.served_models()
         self.models: tuple[str, ...] = tuple(served) or (settings.triton_model,)
         """The models loaded, watched and repaired: KEYRANK_MODELS' names (each its own Triton model), else one."""
         self.model: str = self.models[0]
         """The default model (the only one unless KEYRANK_MODELS names several)."""
+        variant = settings.embedded_repository()
+        self.prepared: dict[str, Path] = {
+            name: Path(folder).resolve() / variant.name / MODEL_NAME for name, folder in served.items()
+        } or {self.model: Path(repository or variant).resolve() / self.model}
+        """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
+        self._served = served
+
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
-        # 0 / unset = a free port; a configured one must be free now.
-        wanted = [
-            explicit if explicit is not None else configured
-            for explicit, configured in (
-                (http_port, settings.embedded_http_port),
-                (grpc_port, settings.embedded_grpc_port),
-                (metrics_port, settings.embedded_metrics_port),
-            )
-        ]
-        for port, setting in zip(wanted, PORT_SETTINGS):
-            if port:
-                check_port_free(port, setting)
-        free = iter(free_ports(sum(1 for port in wanted if not port)))
-        ports = [port or next(free) for port in wanted]
-        self._port_settings = {port: setting for port, setting in zip(ports, PORT_SETTINGS)}
+        ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
+        self._port_settings = dict(zip(ports, PORT_SETTINGS))
         self.http_port: int = ports[0]
         """Loopback HTTP port (health probes)."""
         self.grpc_port: int = ports[1]
         """Loopback gRPC port (inference)."""
         self.metrics_port: int = ports[2]
         """Loopback Prometheus port of Triton itself."""
-        self._own_work_dir = work_dir is None
-        leftovers.sweep(Path(tempfile.gettempdir()))  # what processes killed outright left behind (leftovers.py)
-        self.work_dir: Path = Path(work_dir or tempfile.mkdtemp(prefix=leftovers.WORK_DIR_PREFIX))
-        """Private directory: backends/ and the log."""
-        # The Python backend's shared-memory regions in /dev/shm carry this prefix, so the ones a
-        # killed server leaves behind can be removed; the owner lock says while we live (a work dir
-        # of the caller's gets a lock dir of its own, which the caller's dir never is swept with).
-        self._shm_prefix = f"keyrank_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
-        self._owner_dir = self.work_dir if self._own_work_dir else Path(tempfile.mkdtemp(prefix=leftovers.WORK_DIR_PREFIX))
-        self._owner_fd: int | None = leftovers.claim(self._owner_dir, self._shm_prefix)
-        if served:  # one repository in the work dir, an entry per model under its name
-            self.repository = self.work_dir / "repository"
+
+        self._work = WorkDir(work_dir)  # sweeps what killed servers left, then holds its own lock
+        self.work_dir: Path = self._work.path
+        """Private directory: backends/, the log, the served repository."""
+        self._shm_prefix = self._work.shm_prefix
+        self.repository: Path = self.work_dir / "repository"
+        """The repository Triton serves: staged from ``prepared`` at each start."""
+        if served:  # a folder that was not prepared is named before anything starts
             try:
-                write_served_repository(self.repository, served, settings.embedded_repository().name)
-            except FileNotFoundError as exc:
-                self._remove_work_dir()
-                raise ModelAssetsMissing(str(exc)) from None
+                self._stage()
+            except ModelAssetsMissing:
+                self._work.remove()
+                raise
         self.log_path: Path = self.work_dir / "tritonserver.log"
         """stdout + stderr of the server and of its Python backend stubs."""
+
         self.server_id: str = f"keyrank-{os.getpid()}-{secrets.token_hex(6)}"
         """``--id`` of the server, reported by GET /v2: the ready probe checks it is ours."""
         self.admin_key: str = secrets.token_urlsafe(24)
@@ -134,23 +117,31 @@ class EmbeddedTriton:
         merely reach the port, not a local shell (mount /proc with hidepid for that)."""
         self.admin: TritonAdmin = TritonAdmin(self.http_url, (ADMIN_HEADER, self.admin_key))
         """HTTP health, identity, repository control and probe inference."""
+
         self.lifecycle: threading.RLock = threading.RLock()
         """Held while the server is started, stopped or repaired (by a caller or the supervisor)."""
         self.wanted: bool = False
         """Started and not stopped on purpose: the supervisor repairs only what is wanted."""
         self.serving: bool = False
         """Became ready since its last (re)start; a crash does not clear it, a stop does."""
-        self.returncode: int | None = None
-        """Exit code of the last server process, once it has exited."""
+        self._proc: ServerProcess | None = None
         self._reload_config: dict[str, dict | None] = {}
         self._supervise = supervise
         self._on_give_up = on_give_up
         self.supervisor: Supervisor | None = None
         """The thread that keeps the model path serving (None when not supervised)."""
-        self._proc: subprocess.Popen | None = None
-        self._reaper: threading.Thread | None = None
         # A gateway that exits without close() still stops its server and removes the private dir.
         atexit.register(self.close)
+
+    def _stage(self) -> None:
+        """``repository`` from the prepared folders; raises ModelAssetsMissing naming one not prepared."""
+        for name, folder in self.prepared.items():
+            config = folder / "config.pbtxt"
+            if not config.is_file():
+                if name in self._served:
+                    raise ModelAssetsMissing(f"model {name!r}: {config} not found (run `keyrank prepare --out {self._served[name]}`)")
+                raise ModelAssetsMissing(missing_model_message(folder.parent, name))
+        stage(self.repository, self.prepared)
 
     # --- addresses ---------------------------------------------------------
 
@@ -167,7 +158,13 @@ class EmbeddedTriton:
     @property
     def pid(self) -> int | None:
         """The tritonserver process id while it runs."""
-        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+        proc = self._proc
+        return proc.pid if proc is not None and proc.running() else None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code of the last server process, once it has exited."""
+        return None if self._proc is None else self._proc.returncode
 
     def is_running(self) -> bool:
         return self.pid is not None
@@ -227,49 +224,16 @@ class EmbeddedTriton:
     def _start_locked(self) -> None:
         if self.is_running():
             return
-        for model in self.models:
-            if not (self.repository / model / "config.pbtxt").exists():
-                raise ModelAssetsMissing(missing_model_message(self.repository, model))
+        self._stage()
         wheel = PytritonWheel()
         command = self._command(wheel, wheel.backend_dir(self.work_dir))
-        env = wheel.environment()
         for port, setting in self._port_settings.items():  # a restart finds a port taken meanwhile at once
             check_port_free(port, setting)
-        spawned: list[subprocess.Popen | BaseException] = []
-        done = threading.Event()
-
-        # PR_SET_PDEATHSIG fires when the spawning *thread* exits, not the process; a dedicated
-        # thread that spawns and then waits on the child lives exactly as long as the child (or
-        # until this process dies, which is when the child must die).
-        def spawn_and_reap() -> None:
-            try:
-                with open(self.log_path, "ab") as log:
-                    proc = subprocess.Popen(
-                        command,
-                        env=env,
-                        cwd=self.work_dir,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                        preexec_fn=die_with_parent,
-                    )
-            except BaseException as exc:  # handed to start()
-                spawned.append(exc)
-                done.set()
-                return
-            spawned.append(proc)
-            done.set()
-            self.returncode = proc.wait()
-
         self.serving = False
-        self.returncode = None
-        self._reaper = threading.Thread(target=spawn_and_reap, name="keyrank-triton-reaper", daemon=True)
-        self._reaper.start()
-        done.wait()
-        if isinstance(spawned[0], BaseException):
-            raise EmbeddedTritonError(f"cannot start {wheel.binary}: {spawned[0]}") from spawned[0]
-        self._proc = spawned[0]
+        try:
+            self._proc = ServerProcess(command, wheel.environment(), self.work_dir, self.log_path)
+        except Exception as exc:
+            raise EmbeddedTritonError(f"cannot start {wheel.binary}: {exc}") from exc
 
     def _exited_message(self, code: int | None) -> str:
         tail = self.log_tail()
@@ -289,7 +253,7 @@ class EmbeddedTriton:
         t0 = time.monotonic()
         while True:
             proc = self._proc
-            if proc is None or proc.poll() is not None:
+            if proc is None or not proc.running():
                 raise EmbeddedTritonError(self._exited_message(None if proc is None else proc.returncode))
             if not self.wanted:
                 raise EmbeddedTritonError("embedded Triton stopped while waiting for it to be ready")
@@ -340,27 +304,16 @@ class EmbeddedTriton:
 
     def _stop_locked(self, timeout: float = 10.0) -> None:
         self.serving = False
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            self._signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
-        # Stubs may outlive a server that exited on its own; the group still names them.
-        self._signal_group(proc.pid, signal.SIGKILL)
-        self._finish(proc)
+        if self._proc is not None:
+            self._proc.stop(timeout)
+            self._work.remove_shared_memory()
 
     def kill(self) -> None:
         """SIGKILL the whole group at once: a crash, for failure tests (the supervisor repairs it)."""
         with self.lifecycle:
-            proc = self._proc
-            if proc is None:
-                return
-            self._signal_group(proc.pid, signal.SIGKILL)
-            self._finish(proc)
+            if self._proc is not None:
+                self._proc.kill()
+                self._work.remove_shared_memory()
 
     def restart(self, timeout: float | None = None) -> float:
         """Stop, start on the same ports, wait until ready; returns the seconds to ready."""
@@ -380,29 +333,7 @@ class EmbeddedTriton:
         """Stop the supervisor and the server, remove the private work dir (if we made it); idempotent."""
         atexit.unregister(self.close)
         self.stop()
-        self._remove_work_dir()
-
-    def _remove_work_dir(self) -> None:
-        shutil.rmtree(self._owner_dir, ignore_errors=True)  # the work dir if ours, else the lock dir
-        if self._owner_fd is not None:  # let go of the owner lock only once the dir is gone
-            os.close(self._owner_fd)
-            self._owner_fd = None
-
-    @staticmethod
-    def _signal_group(pgid: int, sig: signal.Signals) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            pass
-
-    def _finish(self, proc: subprocess.Popen) -> None:
-        proc.wait()
-        if self._reaper is not None:
-            self._reaper.join()
-        self._proc = None
-        self._reaper = None
-        for leftover in Path("/dev/shm").glob(self._shm_prefix + "*"):
-            leftover.unlink(missing_ok=True)
+        self._work.remove()
 
     def log_tail(self, n_bytes: int = _LOG_TAIL_BYTES) -> str:
         """What went wrong, from the end of the server log: its error lines, then its last lines.
@@ -434,3 +365,15 @@ class EmbeddedTriton:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _loopback_ports(settings: Settings, *explicit: int | None) -> list[int]:
+    """(http, grpc, metrics): an explicit port, else the setting's; one given must be free now, and
+    0 / unset gets a free one."""
+    configured = (settings.embedded_http_port, settings.embedded_grpc_port, settings.embedded_metrics_port)
+    wanted = [port if port is not None else setting for port, setting in zip(explicit, configured)]
+    for port, setting in zip(wanted, PORT_SETTINGS):
+        if port:
+            check_port_free(port, setting)
+    free = iter(free_ports(sum(1 for port in wanted if not port)))
+    return [port or next(free) for port in wanted]

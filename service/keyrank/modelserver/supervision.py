@@ -28,6 +28,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
@@ -121,6 +123,31 @@ def _children(pid: int) -> set[int]:
             if fields is not None and int(fields[1]) == pid:
                 found.add(int(entry.name))
     return found
+
+
+# --- faults -------------------------------------------------------------------------------
+
+
+class Repair(Enum):
+    """What brings the model path back: decided by the check that finds the fault, not by its wording."""
+
+    RELOAD = "model reload"
+    """Unload and load every model: replaces dead or wedged stubs behind a server that is still ours."""
+    RESTART = "Triton restart"
+    """A new tritonserver on the same ports: the server exited, or what answers on its port is not it."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What is wrong with the model path right now, and how it is repaired."""
+
+    repair: Repair
+    """The repair tried first (a reload that fails is followed by restarts)."""
+    reason: str
+    """What was seen, for the log and for the message when supervision gives up."""
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 # --- the supervisor -------------------------------------------------------------------------
@@ -255,14 +282,14 @@ class Supervisor(threading.Thread):
 
     # --- detection ----------------------------------------------------------------------
 
-    def diagnose(self) -> str | None:
+    def diagnose(self) -> Fault | None:
         """What is wrong with the model path right now, or None."""
         triton = self.triton
         if not triton.wanted or not triton.serving:
             return None  # stopped on purpose, or (re)starting: whoever starts it waits for ready
         pid = triton.pid
         if pid is None:
-            return f"tritonserver exited (code {triton.returncode})"
+            return Fault(Repair.RESTART, f"tritonserver exited (code {triton.returncode})")
         fault = self._check_stubs(pid)
         if fault is not None:
             return fault
@@ -270,19 +297,19 @@ class Supervisor(threading.Thread):
         if now >= self._next_http:
             self._next_http = now + self.http_every_s
             if triton.admin.server_id() not in (triton.server_id, None):
-                return "Triton's port answers with another server's id"
+                return Fault(Repair.RESTART, "Triton's port answers with another server's id")
             for model in triton.models:
                 if not triton.admin.model_ready(model):
-                    return f"model {model!r} is not ready"
+                    return Fault(Repair.RELOAD, f"model {model!r} is not ready")
         error = self._prober.last_error
         if error is not None and error[0] > self._repaired_at:
-            return f"probe inference failed: {error[1]}"
+            return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}")
         hung = self._prober.hung_since
         if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
-            return f"probe inference hung for {now - hung:.0f} s"
+            return Fault(Repair.RELOAD, f"probe inference hung for {now - hung:.0f} s")
         return None
 
-    def _check_stubs(self, server_pid: int) -> str | None:
+    def _check_stubs(self, server_pid: int) -> Fault | None:
         """A stub of our model that died (and was not replaced) or stays stopped; None if all is well.
 
         A stub that exits after a newer one started for the same instance was replaced, not
@@ -300,7 +327,7 @@ class Supervisor(threading.Thread):
         )
         self._stubs = live
         if died:
-            return f"model process died (Python backend stub pid {', '.join(map(str, died))})"
+            return Fault(Repair.RELOAD, f"model process died (Python backend stub pid {', '.join(map(str, died))})")
         now = time.monotonic()
         stopped = {pid: self._stopped_since.get(pid, now) for pid, stub in live.items() if stub.state in ("T", "t")}
         self._stopped_since = stopped
@@ -318,12 +345,13 @@ class Supervisor(threading.Thread):
             except ProcessLookupError:
                 pass
             self._stubs.pop(pid, None)
-        return f"model process stopped for {now - min(stopped[p] for p in stuck):.1f} s (Python backend stub pid {', '.join(map(str, stuck))}); killed it"
+        return Fault(Repair.RELOAD, f"model process stopped for {now - min(stopped[p] for p in stuck):.1f} s "
+                                    f"(Python backend stub pid {', '.join(map(str, stuck))}); killed it")
 
     # --- repair -------------------------------------------------------------------------------
 
-    def repair(self, fault: str) -> None:
-        """Reload the model if the server lives, else (or if that fails) restart the server.
+    def repair(self, fault: Fault) -> None:
+        """The fault's repair: a reload if the server still lives, else (or if that fails) a restart.
 
         Readiness turns false at once (a model-level fault unloads the model before anything
         else); only failed repairs back off (1 s, 2 s, 4 s, ... capped at 30 s), and
@@ -338,8 +366,9 @@ class Supervisor(threading.Thread):
         elif self._failures and detected - self._repaired_at >= self.stable_after_s:
             self._failures = 0
         log.error("embedded Triton: %s; repairing", fault)
-        model_level = seen_pid is not None and not fault.startswith("Triton's port")
-        if model_level:
+        # The server may have exited since the fault was seen: then only a restart helps.
+        how = fault.repair if seen_pid is not None else Repair.RESTART
+        if how is Repair.RELOAD:
             for model in triton.models:  # every model is reloaded: simple, and a fault rarely spares the rest
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
@@ -348,7 +377,6 @@ class Supervisor(threading.Thread):
                 return
             if self._failures and self.stopping.wait(min(30.0, self.backoff_s * 2 ** (self._failures - 1))):
                 return
-            how = "model reload" if model_level else "Triton restart"
             try:
                 with triton.lifecycle:
                     if not triton.wanted:
@@ -357,24 +385,24 @@ class Supervisor(threading.Thread):
                         triton.admin.model_ready(model) for model in triton.models
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
-                    if model_level:
+                    if how is Repair.RELOAD:
                         triton.reload_model()
                     else:
                         triton.restart_locked()
             except Exception as exc:  # noqa: BLE001 -- counted; the next attempt restarts the whole server
                 if not triton.wanted:
                     return  # stopped on purpose while we repaired
-                log.error("embedded Triton: %s failed: %s", how, exc)
+                log.error("embedded Triton: %s failed: %s", how.value, exc)
                 self._failures += 1
-                model_level, seen_pid = False, triton.pid
+                how, seen_pid = Repair.RESTART, triton.pid
                 continue
             took = time.monotonic() - detected
-            self.repairs.append((how, took))
+            self.repairs.append((how.value, took))
             self._repaired_at = time.monotonic()
-            log.warning("embedded Triton serving again after %s (%.1f s after detection)", how, took)
+            log.warning("embedded Triton serving again after %s (%.1f s after detection)", how.value, took)
             return
 
-    def _give_up(self, fault: str) -> None:
+    def _give_up(self, fault: Fault) -> None:
         self.failure = (
             f"embedded Triton could not be kept serving: {fault}; gave up after {self.max_repairs} failed repairs "
             f"in a row (set KEYRANK_EMBEDDED_MAX_REPAIRS to allow more)\n{self.triton.log_tail()}"

@@ -32,7 +32,8 @@ from keyrank.prepare.cross_encoder import ExportMismatch, export_cross_encoder
 from keyrank.prepare.bi_encoder import export_bi_encoder
 from keyrank.prepare import variants
 from keyrank.prepare.variants import VariantRefused
-from keyrank.modelserver.repository import MODEL_NAME, write_if_changed, write_repositories
+from keyrank.modelserver.repository import MODEL_NAME
+from keyrank.prepare.repositories import write_if_changed, write_repositories
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +164,8 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         bi_entry = _with_source(bi_entry, _bundled_name() if bi_encoder == "auto" else bi_encoder)
 
     write_repositories(out, ce_entry, tensorrt_fp16, max_batch_size, embedded_instances, cpu_model=cpu_model)
-    if device == "cuda":  # the embedded Triton's GPU variant: PyTorch on the GPU, same tensors (gpu/repository.py)
-        from keyrank.modelserver.gpu import write_gpu_repository
+    if device == "cuda":  # the embedded Triton's GPU variant: PyTorch on the GPU, same tensors (gpu_repository.py)
+        from keyrank.prepare.gpu_repository import write_gpu_repository
 
         write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
     manifest = {"cross_encoder": ce_entry, "bi_encoder": bi_entry}

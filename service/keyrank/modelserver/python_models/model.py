@@ -21,6 +21,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+# Nothing may be written beside the model (a read-only volume is the norm): the stub runs Python
+# isolated, so PYTHONDONTWRITEBYTECODE never reaches it, and the helpers below would be compiled into
+# a __pycache__ here. (This file itself is imported before it can say so: the embedded Triton serves
+# it through links in its private work dir, where that bytecode lands.)
+sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # grouping.py lies beside this file
 from grouping import execute_grouped
 

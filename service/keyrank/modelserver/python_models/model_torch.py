@@ -3,7 +3,7 @@ in PyTorch (``torch_encoder.py`` beside this file), fp16/bf16 with scaled-dot-pr
 attention, on the device the config names (``cuda``; ``cpu`` in tests).
 
 Copied into ``models/triton-embedded-cuda/cross_encoder/1/model.py`` by
-``keyrank.modelserver.gpu``; it runs inside Triton's Python stub, so it imports
+``keyrank.prepare.gpu_repository``; it runs inside Triton's Python stub, so it imports
 nothing from keyrank. Same tensors and the same grouping as the ONNX variant
 (modelserver/python_models/model.py): requests of equal shape from the dynamic batcher run
 as one batch, cancelled requests are skipped.
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 
+sys.dont_write_bytecode = True  # no __pycache__ beside the model: see model.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_encoder.py, grouping.py lie beside this file
 from grouping import execute_grouped
 from torch_encoder import TorchCrossEncoder

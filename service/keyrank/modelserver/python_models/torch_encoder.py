@@ -1,7 +1,7 @@
 """The cross-encoder in PyTorch for the embedded repository's GPU variant: fp16/bf16,
 scaled-dot-product attention, optional CUDA graphs per (batch, width) shape.
 
-Copied next to ``model_torch.py`` (as ``torch_encoder.py``) by ``keyrank.modelserver.gpu``;
+Copied next to ``model_torch.py`` (as ``torch_encoder.py``) by ``keyrank.prepare.gpu_repository``;
 it runs inside Triton's Python stub and in tests, so it imports nothing from keyrank.
 Answers the same tensors as the ONNX export: ``logits`` [N, labels] and ``pooled``
 [N, H] = what the final Linear reads (BERT's pooler output, RoBERTa's dense+tanh

@@ -16,7 +16,7 @@ a GPU. The hook in ``keyrank prepare --device cuda`` is one call after
 
     if device == "cuda": write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
 
-and ``python -m keyrank.modelserver.gpu --out models --model <checkpoint>`` does the
+and ``python -m keyrank.prepare.gpu_repository --out models --model <checkpoint>`` does the
 same for an already prepared directory.
 """
 
@@ -27,7 +27,8 @@ import json
 import shutil
 from pathlib import Path
 
-from keyrank.modelserver.repository import INPUTS, MODEL_NAME, warmup_lengths, write_if_changed
+from keyrank.modelserver.repository import INPUTS, MODEL_NAME, PYTHON_MODELS
+from keyrank.prepare.repositories import warmup_config, write_if_changed
 
 REPOSITORY = "triton-embedded-cuda"
 """Folder of the GPU variant inside the prepared model directory."""
@@ -39,12 +40,6 @@ def gpu_config(*, hidden_size: int, num_labels: int, max_batch_size: int, max_le
     (KIND_CPU instances: the Python stub runs on the host and drives the GPU through PyTorch)."""
     inputs = ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in INPUTS)
     preferred = sorted({max(1, max_batch_size // 4), max(1, max_batch_size // 2), max_batch_size})
-    # Every width is run once at load (zero tensors: the outputs are thrown away), so no request pays
-    # for cuBLAS/SDPA kernel selection on a first shape.
-    warmup = []
-    for length in warmup_lengths(max_length):
-        tensors = " ".join(f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in INPUTS)
-        warmup.append(f'  {{ name: "warmup_{length}" batch_size: 1 {tensors} }}')
     params = {"device": device, "dtype": dtype, "cuda_graphs": "true" if cuda_graphs else "false"}
     return "\n".join([
         f'name: "{MODEL_NAME}"',
@@ -59,7 +54,9 @@ def gpu_config(*, hidden_size: int, num_labels: int, max_batch_size: int, max_le
         f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]",
         # The batcher merges equal shapes only; a GPU wants big batches, so it may wait 0.5 ms for more.
         f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n  max_queue_delay_microseconds: 500\n}}",
-        "model_warmup [\n" + ",\n".join(warmup) + "\n]",
+        # Every width is run once at load (zero tensors: the outputs are thrown away), so no request pays
+        # for cuBLAS/SDPA kernel selection on a first shape.
+        warmup_config(max_length),
         *(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()),
     ]) + "\n"
 
@@ -74,10 +71,9 @@ def write_gpu_repository(out: Path, ce: dict, checkpoint: Path, *, max_batch_siz
         hidden_size=ce["hidden_size"], num_labels=ce["num_labels"], max_batch_size=max_batch_size,
         max_length=ce["max_length"], device=device, dtype=dtype, cuda_graphs=cuda_graphs, instances=instances,
     ))
-    code = Path(__file__).resolve().parent / "python_models"
-    write_if_changed(version / "model.py", (code / "model_torch.py").read_text())
-    write_if_changed(version / "torch_encoder.py", (code / "torch_encoder.py").read_text())
-    write_if_changed(version / "grouping.py", (code / "grouping.py").read_text())
+    write_if_changed(version / "model.py", (PYTHON_MODELS / "model_torch.py").read_text())
+    write_if_changed(version / "torch_encoder.py", (PYTHON_MODELS / "torch_encoder.py").read_text())
+    write_if_changed(version / "grouping.py", (PYTHON_MODELS / "grouping.py").read_text())
     template = ce.get("template", {})
     spec = {
         "source": ce.get("source"), "fingerprint": ce.get("fingerprint"), "head": ce["head"],
@@ -112,7 +108,7 @@ def _save_checkpoint(source: Path, target: Path, dtype: str, *, decoder: bool) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m keyrank.modelserver.gpu", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m keyrank.prepare.gpu_repository", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("models"), help="a directory `keyrank prepare` wrote")
     parser.add_argument("--model", type=Path, required=True, help="the checkpoint folder it was prepared from")
     parser.add_argument("--device", default="cuda")
