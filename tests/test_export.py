@@ -154,6 +154,8 @@ def _assert_tensor_contract(config: model_config_pb2.ModelConfig) -> None:
     assert config.HasField("dynamic_batching")
     assert max(config.dynamic_batching.preferred_batch_size) <= config.max_batch_size
     assert 0 < config.dynamic_batching.max_queue_delay_microseconds <= 5000
+    # Two queues: small requests' batches (priority 1, and anything unlabelled) pass heavy ones' (scoring/fairness.py).
+    assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (2, 1)
 
 
 def test_production_config_is_a_gpu_onnxruntime_model_with_dynamic_batching(prepared_models):

@@ -40,6 +40,12 @@ def warmup_config(max_length: int) -> str:
     return "model_warmup [\n" + ",\n".join(entries) + "\n]"
 
 
+PRIORITY_LEVELS = "  priority_levels: 2\n  default_priority_level: 1\n"
+"""The dynamic batcher's two queues: the gateway sends small requests' batches at priority 1 and heavy ones'
+at 2 (scoring/fairness.py), so a small batch passes queued heavy ones; anything that names no priority (the
+supervisor's probes, other clients) is served as small."""
+
+
 def triton_config(
     *, backend: str, hidden_size: int, num_labels: int, max_batch_size: int, max_length: int,
     instances: int = 1, tensorrt_fp16: bool = False,
@@ -60,7 +66,8 @@ def triton_config(
         # The batcher only merges equal shapes; the gateway pads to length buckets so they are.
         "dynamic_batching {\n"
         f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
-        f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n}}",
+        f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n"
+        f"{PRIORITY_LEVELS}}}",
         warmup_config(max_length),
     ]
     if gpu and tensorrt_fp16:
