@@ -77,7 +77,8 @@ class _Run:
         self.spec = spec_of(c.strategy)
         self.out = Path(c.out)
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        needs_dense = self.spec.needs_selector and SELECTOR_REGISTRY[c.selector].bi_encoder
+        row = SELECTOR_REGISTRY.get(c.selector) if self.spec.needs_selector else None  # unknown names: refused at planning
+        needs_dense = row is not None and row.bi_encoder
         self.manifest = prepare(c.model, self.out / "base", bi_encoder="auto" if needs_dense else None)
         self.settings = get_settings().with_overrides(model_dir=self.out / "base", **c.settings)
         self.pipeline = Pipeline.from_model_dir(self.settings)
