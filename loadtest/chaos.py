@@ -114,7 +114,7 @@ class Report:
     faults: list[Fault] = field(default_factory=list)
     faults_by_kind: dict[str, int] = field(default_factory=dict)
     repairs: int = 0  # "; repairing" lines in serve.log
-    rss_mb: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # gateway / model_path -> [(t, MB)]
+    rss_mb: dict[str, list[tuple]] = field(default_factory=dict)  # gateway -> [(t, MB)]; model_path -> [(t, MB, processes)]
     p50_ms: float = 0.0  # latency of the 200s
     p99_ms: float = 0.0
     serve_died: str = ""  # `keyrank serve` exited during the run: its exit status
@@ -156,15 +156,18 @@ def _model_path(serve_pid: int) -> list[int]:
 def _sample_rss(report: Report, serve_pid: int, now: float) -> None:
     report.rss_mb.setdefault("gateway", []).append((round(now, 1), round(rss_mb([serve_pid]), 1)))
     if model := _model_path(serve_pid):
-        report.rss_mb.setdefault("model_path", []).append((round(now, 1), round(rss_mb(model), 1)))
+        # The process count tells a model path that grew from one that kept a process too many.
+        report.rss_mb.setdefault("model_path", []).append((round(now, 1), round(rss_mb(model), 1), len(model)))
 
 
 # --- faults --------------------------------------------------------------------------------------
 
 
-def schedule(rng: random.Random, count: int, first: float, last: float, min_gap: float) -> list[Fault]:
+def schedule(rng: random.Random, count: int, first: float, last: float, min_gap: float,
+             kinds_used: tuple[str, ...] = KINDS) -> list[Fault]:
     """``count`` faults in [first, last]: one at a random moment of each equal slot, consecutive ones
-    at least ``min_gap`` apart, kinds in shuffled rounds of all three (so each occurs once count >= 3)."""
+    at least ``min_gap`` apart, kinds in shuffled rounds of ``kinds_used`` (so each occurs once count
+    reaches their number)."""
     if count <= 0 or last <= first:
         return []
     slot = (last - first) / count
@@ -172,7 +175,7 @@ def schedule(rng: random.Random, count: int, first: float, last: float, min_gap:
         raise ValueError(f"{count} faults in {last - first:.0f} s cannot be {min_gap:.0f} s apart; lower --faults or --min-gap")
     kinds: list[str] = []
     while len(kinds) < count:
-        kinds.extend(rng.sample(KINDS, len(KINDS)))
+        kinds.extend(rng.sample(kinds_used, len(kinds_used)))
     # An offset in [0, slot - min_gap] within each slot keeps neighbours >= min_gap apart.
     return [Fault(kinds[i], round(first + i * slot + rng.uniform(0, slot - min_gap), 2)) for i in range(count)]
 
@@ -253,7 +256,7 @@ async def load(args: argparse.Namespace, serve_pid: int, url: str, bodies: list[
     outcomes: list[Outcome] = []
     duration = args.minutes * 60
     rng = random.Random(args.seed)
-    report.faults = schedule(rng, args.faults, args.first_fault, duration - args.quiet_end, args.min_gap)
+    report.faults = schedule(rng, args.faults, args.first_fault, duration - args.quiet_end, args.min_gap, tuple(args.kinds))
     limits = httpx.Limits(max_connections=args.max_in_flight, max_keepalive_connections=args.max_in_flight)
     tasks: set[asyncio.Task] = set()
     interval = 1.0 / args.rate
@@ -405,6 +408,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quiet-end", type=float, default=30.0, help="seconds at the end with no fault (time to recover)")
     parser.add_argument("--min-gap", type=float, default=20.0,
                         help="least seconds between faults (the supervisor counts a fault back within 10 s of a repair as a failed repair)")
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="fault kinds to inject (to reproduce one)")
     parser.add_argument("--stop-seconds", type=float, nargs=2, default=[0.1, 3.0], metavar=("MIN", "MAX"),
                         help="how long a stopped stub stays stopped before SIGCONT (log-uniform in the range)")
     parser.add_argument("--target-wait", type=float, default=60.0, help="most seconds a fault waits for its target to be back")
