@@ -18,8 +18,8 @@ Every request ends in one of: 200 with a valid ranking; 503 with ``Retry-After``
 "retry" answer during an outage); anything else (no answer: timeout, refused or reset connection;
 a 503 without ``Retry-After``; any other status; a 200 that is not a valid ranking). "Anything
 else" must be 0 and every request sent must be answered. It reports those counts, the longest
-unavailability (longest run of consecutive non-200 answers, in send order, from the first one's
-send to the send of the next request answered 200), the RSS of the gateway and of the model path
+unavailability (longest run of consecutive answers other than a valid 200, in send order, from
+the first one's send to the send of the next request answered a valid 200), the RSS of the gateway and of the model path
 (tritonserver and its children) at the start and the end of the load, and the faults by kind,
 into ``--out/chaos.json`` (per-request outcomes in ``requests.json``), and prints a summary.
 Exits 1 when anything else > 0, a request went unanswered, the service was not ready again at the
@@ -85,11 +85,11 @@ class Fault:
 
 @dataclass
 class Window:
-    """A run of consecutive non-200 answers (in send order)."""
+    """A run of consecutive answers other than a valid 200 (in send order)."""
 
     start: float  # send time of its first request
-    end: float  # send time of the next request answered 200 (or of its last request, at the end)
-    requests: int  # non-200 answers in it
+    end: float  # send time of the next request answered a valid 200 (or of its last request, at the end)
+    requests: int  # answers in it
     after_fault: int | None  # index in faults of the last fault injected before it started
 
 
@@ -318,7 +318,7 @@ def summarise(report: Report, outcomes: list[Outcome]) -> None:
     injected = [(i, f) for i, f in enumerate(report.faults) if f.at is not None]
     run: list[Outcome] = []
     for o in [*outcomes, None]:
-        if o is not None and o.status != 200:
+        if o is not None and classify(o) != "ok":  # a 200 that ranks nothing is no service either
             run.append(o)
             continue
         if run:
@@ -376,7 +376,7 @@ def markdown(report: Report) -> str:
     for i, f in enumerate(report.faults):
         extra = f", stopped {f.stopped_s:.1f} s, {'resumed' if f.resumed else 'already replaced'}" if f.kind == "stub-stop" else ""
         windows = [w for w in report.windows if w.after_fault == i]
-        down = "; ".join(f"{w.requests} non-200 over {w.end - w.start:.1f} s" for w in windows) or "no non-200"
+        down = "; ".join(f"{w.requests} not served over {w.end - w.start:.1f} s" for w in windows) or "all served"
         at = "not injected (no target)" if f.at is None else f"at {f.at:.1f} s"
         lines.append(f"- fault {i}: {f.kind} {at}{extra}: {down}")
     if report.failures:
