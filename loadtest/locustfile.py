@@ -29,6 +29,7 @@ from payloads import (
     LoadConfig,
     RerankPayload,
     build_payloads,
+    ranking_problem,
     rerank_body,
     user_class_name,
 )
@@ -71,22 +72,6 @@ class RerankUser(HttpUser):
             problem = ranking_problem(response.json(), len(payload.documents), self.config.top_n)
             if problem:
                 response.failure(problem)
-
-
-def ranking_problem(answer: dict, n_documents: int, top_n: int) -> str | None:
-    """Why a 200 answer is not a valid ranking, or None when it is."""
-    results = answer.get("results")
-    if not isinstance(results, list):
-        return "no results list"
-    if len(results) != min(top_n, n_documents):
-        return f"{len(results)} results for top_n={top_n} over {n_documents} documents"
-    indices = [r.get("index") for r in results]
-    if len(set(indices)) != len(indices) or not all(isinstance(i, int) and 0 <= i < n_documents for i in indices):
-        return f"bad result indices {indices}"
-    scores = [r.get("relevance_score") for r in results]
-    if any(a < b for a, b in zip(scores, scores[1:])):
-        return "results not sorted by relevance_score"
-    return None
 
 
 @events.quitting.add_listener

@@ -194,3 +194,19 @@ def rerank_body(payload: RerankPayload, scenario: str, top_n: int) -> dict:
     if selector is not None:
         body["selector"] = selector
     return body
+
+
+def ranking_problem(answer: dict, n_documents: int, top_n: int) -> str | None:
+    """Why a 200 answer is not a valid ranking, or None when it is."""
+    results = answer.get("results")
+    if not isinstance(results, list):
+        return "no results list"
+    if len(results) != min(top_n, n_documents):
+        return f"{len(results)} results for top_n={top_n} over {n_documents} documents"
+    indices = [r.get("index") for r in results]
+    if len(set(indices)) != len(indices) or not all(isinstance(i, int) and 0 <= i < n_documents for i in indices):
+        return f"bad result indices {indices}"
+    scores = [r.get("relevance_score") for r in results]
+    if any(a < b for a, b in zip(scores, scores[1:])):
+        return "results not sorted by relevance_score"
+    return None
