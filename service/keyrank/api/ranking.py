@@ -40,6 +40,7 @@ from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
 from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
 from keyrank.scoring.fairness import costing
+from keyrank.strategies import STRATEGIES
 
 if TYPE_CHECKING:
     from keyrank.resolved import RerankOptions, Resolved
@@ -55,9 +56,12 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns
     into answers and counts."""
     settings: Settings = request.app.state.settings
+    # The count's strategy label, also for a request refused before resolution (an unknown model): the name
+    # asked for when the registry knows it (the wire types only let those through), else the default.
+    asked = options.strategy or settings.default_strategy
+    request.state.strategy = asked if asked in STRATEGIES else "-"
     reranker = choose_model(request, model)
     resolved = reranker.pipeline.resolve(options)
-    request.state.strategy = resolved.strategy
     check_limits(query, texts, settings)
     # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
     blank_flags = [is_blank(text) for text in texts]
