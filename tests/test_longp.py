@@ -162,3 +162,70 @@ def test_the_model_process_runs_a_batch_of_the_longest_width_a_row_at_a_time(lon
     print(f"{kind} stub: peak {warmed:.0f} MB after the warm-up, {peak:.0f} MB after [{rows} x {width}]")
     assert logits.shape == (rows, 1) and np.allclose(logits, logits[0])
     assert peak < warmed * 1.15 + 32  # six rows merged cost what one did
+
+
+MEASURED = (1024, 2048, 4096, 8192)
+"""Input lengths of the speed and memory table (docs/PERFORMANCE.md, LongP)."""
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_measure_longp_speed_and_memory(tmp_path_factory, monkeypatch):
+    """Per family (8k-position tiny models) and input length L: the latency of a longp request of one document of
+    L tokens on the embedded CPU Triton (maxp on the same document beside it), and the model process's peak and
+    kept memory when L is its longest width (KEYRANK_LONGP_MAX_LENGTH=L at prepare and serve: the warm-up and
+    every request stop there).
+
+        pytest tests/test_longp.py -m slow -s -k measure
+    """
+    from keyrank.config import get_settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.prepare.export import prepare
+    from process_tree import command_line, stubs_of
+
+    checkpoints = {kind: build_family(kind, tmp_path_factory.mktemp(f"bench-{kind}"), max_length=max(MEASURED))
+                   for kind in LONG}
+    folders = {kind: tmp_path_factory.mktemp(f"bench-models-{kind}") for kind in LONG}
+    rows = []
+    try:
+        for length in MEASURED:
+            monkeypatch.setenv("KEYRANK_LONGP_MAX_LENGTH", str(length))
+            get_settings.cache_clear()
+            for kind in LONG:  # after the first length only the configs are rewritten: the warm-up stops at L
+                prepare(str(checkpoints[kind]), folders[kind], bi_encoder=None, atol=1e-4)
+            served = ",".join(f"{_model_name(kind)}={models}" for kind, models in folders.items())
+            settings = Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+            with EmbeddedTriton(settings=settings) as server:
+                for kind, models in folders.items():
+                    rows.append(_measure(server, kind, models, length, command_line, stubs_of))
+    finally:
+        monkeypatch.delenv("KEYRANK_LONGP_MAX_LENGTH")
+        get_settings.cache_clear()
+    runtime = json.loads((folders["modernbert"] / "triton-embedded/cross_encoder/1/runtime.json").read_text())
+    print(f"\nruntime {runtime}\n| model | input tokens | longp ms | tokens/s | maxp windows | maxp ms | "
+          "stub peak MB | stub kept MB |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+          + "\n".join(row for _, row in sorted(rows)))
+
+
+def _measure(server, kind: str, models: Path, length: int, command_line, stubs_of) -> tuple[tuple[str, int], str]:
+    """One row of the table (with its sort key): a document of ``length`` input tokens, longp and maxp, five
+    times each."""
+    (stub,) = [p for p in stubs_of(server.pid) if _model_name(kind) in command_line(p)]
+    settings = Settings(model_dir=models, triton_url=server.grpc_url, triton_model=_model_name(kind), request_timeout_s=600)
+    with Reranker(settings) as remote:
+        frame = remote.template.frame_tokens + len(remote.tokenizer.encode_query(QUERY, 32))
+        doc = _document(length - frame, remote.pipeline)
+        while len(remote.pipeline.plan(QUERY, [doc], RerankOptions(strategy="longp")).inputs.ids[0]) > length:
+            doc = doc[: doc.rstrip().rfind(" ")]
+        median = {}
+        for strategy in ("longp", "maxp"):
+            seconds = []
+            for _ in range(5):
+                started = time.perf_counter()
+                ranking = remote.rank(QUERY, [doc], strategy=strategy)
+                seconds.append(time.perf_counter() - started)
+            median[strategy] = (float(np.median(seconds)), ranking.usage)
+    (longp_s, usage), (maxp_s, maxp_usage) = median["longp"], median["maxp"]
+    return (kind, length), (f"| {kind} | {usage.scored_tokens} | {longp_s * 1000:.0f} | {usage.scored_tokens / longp_s:,.0f} | "
+            f"{maxp_usage.scored_sequences} | {maxp_s * 1000:.0f} | {_status_mb(stub, 'VmHWM'):.0f} | "
+            f"{_status_mb(stub, 'VmRSS'):.0f} |")
