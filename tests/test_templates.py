@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 import unicodedata
 from pathlib import Path
@@ -213,25 +212,14 @@ def _fold(text: str) -> str:
 # --- Triton and in-process agree --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def family_triton(prepared, tmp_path_factory):
-    """One embedded Triton serving every family's model (as ce_<family>)."""
+def family_triton(prepared):
+    """One embedded Triton serving every family's model side by side (KEYRANK_MODELS: ce_<family>=folder)."""
     from keyrank.modelserver.embedded import EmbeddedTriton
 
-    repo = tmp_path_factory.mktemp("families-repo")
-    for kind, (_, models) in prepared.items():
-        name = "ce_" + kind.replace("-", "_")
-        shutil.copytree(models / "triton-embedded" / "cross_encoder", repo / name)
-        config = repo / name / "config.pbtxt"
-        config.write_text(config.read_text().replace('name: "cross_encoder"', f'name: "{name}"'))
-    settings = Settings(embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0, triton_model="ce_bert")
-    with EmbeddedTriton(repo, settings=settings) as server:
-        import tritonclient.grpc as grpcclient
-
-        from keyrank.modelserver.embedded import GRPC_ADMIN_HEADER
-
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        for kind in prepared:  # explicit model control loads only ce_bert: the rest through the admin API
-            client.load_model("ce_" + kind.replace("-", "_"), headers={GRPC_ADMIN_HEADER: server.admin_key})
+    # A repository folder of its own would be staged with its first model only: served models are each staged.
+    served = ",".join(f"ce_{kind.replace('-', '_')}={models}" for kind, (_, models) in prepared.items())
+    settings = Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    with EmbeddedTriton(settings=settings) as server:
         yield server
 
 
