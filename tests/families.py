@@ -322,6 +322,16 @@ def build_family(kind: str, out: Path, max_length: int = MAX_LENGTH) -> Path:
     return out
 
 
+def served_side_by_side(folders: dict[str, Path]):
+    """One embedded Triton serving each prepared folder under its name (KEYRANK_MODELS), on free ports: ``with``
+    it. (A repository folder of its own would be staged with its first model only.)"""
+    from keyrank.config import Settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+
+    served = ",".join(f"{name}={folder}" for name, folder in folders.items())
+    return EmbeddedTriton(settings=Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0))
+
+
 _built: dict[str, Path] = {}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from families import DECODER_FAMILIES, build_family
+from families import DECODER_FAMILIES, build_family, served_side_by_side
 from keyrank.config import Settings
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.reranker import Reranker
@@ -54,12 +54,8 @@ def long_models(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
 
 @pytest.fixture(scope="module")
 def long_triton(long_models):
-    """One embedded Triton serving every long model side by side (KEYRANK_MODELS: long_<family>=folder)."""
-    from keyrank.modelserver.embedded import EmbeddedTriton
-
-    served = ",".join(f"{_model_name(kind)}={models}" for kind, (_, models) in long_models.items())
-    settings = Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-    with EmbeddedTriton(settings=settings) as server:
+    """One embedded Triton serving every long model side by side (as long_<family>)."""
+    with served_side_by_side({_model_name(kind): models for kind, (_, models) in long_models.items()}) as server:
         yield server
 
 
@@ -179,7 +175,6 @@ def test_measure_longp_speed_and_memory(tmp_path_factory, monkeypatch):
         pytest tests/test_longp.py -m slow -s -k measure
     """
     from keyrank.config import get_settings
-    from keyrank.modelserver.embedded import EmbeddedTriton
     from keyrank.prepare.export import prepare
     from process_tree import command_line, stubs_of
 
@@ -193,9 +188,7 @@ def test_measure_longp_speed_and_memory(tmp_path_factory, monkeypatch):
             get_settings.cache_clear()
             for kind in LONG:  # after the first length only the configs are rewritten: the warm-up stops at L
                 prepare(str(checkpoints[kind]), folders[kind], bi_encoder=None, atol=1e-4)
-            served = ",".join(f"{_model_name(kind)}={models}" for kind, models in folders.items())
-            settings = Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-            with EmbeddedTriton(settings=settings) as server:
+            with served_side_by_side({_model_name(kind): models for kind, models in folders.items()}) as server:
                 for kind, models in folders.items():
                     rows.append(_measure(server, kind, models, length, command_line, stubs_of))
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from families import DECODER_FAMILIES, FAMILIES, family_checkpoint
+from families import DECODER_FAMILIES, FAMILIES, family_checkpoint, served_side_by_side
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from keyrank.config import Settings
@@ -213,13 +213,8 @@ def _fold(text: str) -> str:
 
 @pytest.fixture(scope="module")
 def family_triton(prepared):
-    """One embedded Triton serving every family's model side by side (KEYRANK_MODELS: ce_<family>=folder)."""
-    from keyrank.modelserver.embedded import EmbeddedTriton
-
-    # A repository folder of its own would be staged with its first model only: served models are each staged.
-    served = ",".join(f"ce_{kind.replace('-', '_')}={models}" for kind, (_, models) in prepared.items())
-    settings = Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-    with EmbeddedTriton(settings=settings) as server:
+    """One embedded Triton serving every family's model side by side (as ce_<family>)."""
+    with served_side_by_side({f"ce_{kind.replace('-', '_')}": models for kind, (_, models) in prepared.items()}) as server:
         yield server
 
 
