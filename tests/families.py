@@ -162,69 +162,69 @@ def _byte_bpe(specials: list[str], pre_tokenizer) -> tuple[dict[str, int], list[
 # --- families: each returns (tokenizer, model) -----------------------------------------------
 
 
-def _bert_like(model_cls, config_cls, **config):
+def _bert_like(model_cls, config_cls, max_length, **config):
     from transformers import BertTokenizerFast
 
     # BERT's ids are [PAD] 0, [UNK] 100, [CLS] 101 ...; ours are 0..4: code must read them, not assume them.
     tokenizer = BertTokenizerFast(
-        vocab=_wordpiece_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]), model_max_length=MAX_LENGTH
+        vocab=_wordpiece_vocab(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]), model_max_length=max_length
     )
     cfg = config_cls(
-        vocab_size=len(tokenizer), max_position_embeddings=MAX_LENGTH, type_vocab_size=2, pad_token_id=0, num_labels=1,
+        vocab_size=len(tokenizer), max_position_embeddings=max_length, type_vocab_size=2, pad_token_id=0, num_labels=1,
         **TINY, **config,
     )  # fmt: skip
     return tokenizer, model_cls(cfg)
 
 
-def _bert():
+def _bert(max_length):
     from transformers import BertConfig, BertForSequenceClassification
 
-    return _bert_like(BertForSequenceClassification, BertConfig)
+    return _bert_like(BertForSequenceClassification, BertConfig, max_length)
 
 
-def _electra():
+def _electra(max_length):
     from transformers import ElectraConfig, ElectraForSequenceClassification
 
-    return _bert_like(ElectraForSequenceClassification, ElectraConfig, embedding_size=TINY["hidden_size"])
+    return _bert_like(ElectraForSequenceClassification, ElectraConfig, max_length, embedding_size=TINY["hidden_size"])
 
 
-def _roberta_config(config_cls, tokenizer):
+def _roberta_config(config_cls, tokenizer, max_length):
     # Position ids start after padding_idx (1), hence 512 + 2 positions, like every RoBERTa checkpoint.
     return config_cls(
-        vocab_size=len(tokenizer), max_position_embeddings=MAX_LENGTH + 2, type_vocab_size=1, num_labels=1,
+        vocab_size=len(tokenizer), max_position_embeddings=max_length + 2, type_vocab_size=1, num_labels=1,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, **TINY,
     )  # fmt: skip
 
 
-def _xlm_roberta():
+def _xlm_roberta(max_length):
     from transformers import XLMRobertaConfig, XLMRobertaForSequenceClassification, XLMRobertaTokenizerFast
 
     # fairseq order, as in every XLM-R checkpoint: <s> 0, <pad> 1, </s> 2, <unk> 3; <mask> comes last.
     vocab = _unigram_vocab(["<s>", "<pad>", "</s>", "<unk>"])
-    tokenizer = XLMRobertaTokenizerFast(vocab=vocab + [("<mask>", 0.0)], model_max_length=MAX_LENGTH)
-    return tokenizer, XLMRobertaForSequenceClassification(_roberta_config(XLMRobertaConfig, tokenizer))
+    tokenizer = XLMRobertaTokenizerFast(vocab=vocab + [("<mask>", 0.0)], model_max_length=max_length)
+    return tokenizer, XLMRobertaForSequenceClassification(_roberta_config(XLMRobertaConfig, tokenizer, max_length))
 
 
-def _roberta():
+def _roberta(max_length):
     from transformers import RobertaConfig, RobertaForSequenceClassification, RobertaTokenizerFast
 
     vocab, merges = _byte_bpe(["<s>", "<pad>", "</s>", "<unk>"], pre_tokenizers.ByteLevel(add_prefix_space=False))
     vocab["<mask>"] = len(vocab)
-    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges, model_max_length=MAX_LENGTH)
-    return tokenizer, RobertaForSequenceClassification(_roberta_config(RobertaConfig, tokenizer))
+    tokenizer = RobertaTokenizerFast(vocab=vocab, merges=merges, model_max_length=max_length)
+    return tokenizer, RobertaForSequenceClassification(_roberta_config(RobertaConfig, tokenizer, max_length))
 
 
-def _deberta_v2():
+def _deberta_v2(max_length):
     from transformers import DebertaV2Config, DebertaV2ForSequenceClassification, DebertaV2TokenizerFast
 
     # DeBERTa-v3's spm order: [PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3; [MASK] is appended after the pieces.
     vocab = _unigram_vocab(["[PAD]", "[CLS]", "[SEP]", "[UNK]"])
-    tokenizer = DebertaV2TokenizerFast(vocab=vocab + [("[MASK]", 0.0)], unk_id=3, model_max_length=MAX_LENGTH)
+    tokenizer = DebertaV2TokenizerFast(vocab=vocab + [("[MASK]", 0.0)], unk_id=3, model_max_length=max_length)
     # v3 settings: relative attention only, no absolute positions, and type_vocab_size 0, so the
     # tokenizer's 0/1 token types reach the model and are ignored there.
     cfg = DebertaV2Config(
-        vocab_size=len(tokenizer), max_position_embeddings=MAX_LENGTH, type_vocab_size=0, num_labels=1,
+        vocab_size=len(tokenizer), max_position_embeddings=max_length, type_vocab_size=0, num_labels=1,
         relative_attention=True, position_buckets=256, max_relative_positions=-1, norm_rel_ebd="layer_norm",
         share_att_key=True, pos_att_type=["p2c", "c2p"], position_biased_input=False,
         pooler_hidden_size=TINY["hidden_size"], pad_token_id=tokenizer.pad_token_id, **TINY,
@@ -232,7 +232,7 @@ def _deberta_v2():
     return tokenizer, DebertaV2ForSequenceClassification(cfg)
 
 
-def _modernbert():
+def _modernbert(max_length):
     from transformers import ModernBertConfig, ModernBertForSequenceClassification, PreTrainedTokenizerFast
 
     # ModernBERT ships a raw tokenizer.json (GPT-NeoX-style byte BPE) with its BERT specials
@@ -252,17 +252,17 @@ def _modernbert():
     )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
-        mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"], model_max_length=MAX_LENGTH,
+        mask_token="[MASK]", model_input_names=["input_ids", "attention_mask"], model_max_length=max_length,
     )  # fmt: skip
     cfg = ModernBertConfig(
-        vocab_size=len(tokenizer), max_position_embeddings=MAX_LENGTH, num_labels=1, pad_token_id=ids["[PAD]"],
+        vocab_size=len(tokenizer), max_position_embeddings=max_length, num_labels=1, pad_token_id=ids["[PAD]"],
         bos_token_id=ids["[CLS]"], cls_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"],
         sep_token_id=ids["[SEP]"], **TINY,
     )  # fmt: skip
     return tokenizer, ModernBertForSequenceClassification(cfg)
 
 
-def _qwen3():
+def _qwen3(max_length):
     from transformers import Qwen2TokenizerFast, Qwen3Config, Qwen3ForCausalLM
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
@@ -276,7 +276,7 @@ def _qwen3():
     vocab, merges = _byte_bpe(["<|endoftext|>", "<|im_start|>", "<|im_end|>"], pre)
     tokenizer = Qwen2TokenizerFast(
         vocab=vocab, merges=merges, unk_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"], model_max_length=MAX_LENGTH,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"], model_max_length=max_length,
     )  # fmt: skip
     # Like Qwen3, <think> and </think> are added tokens that are not special.
     tokenizer.add_tokens(["<think>", "</think>"])
@@ -286,7 +286,7 @@ def _qwen3():
     # Like Qwen3 (151936 rows for 151669 tokens), the embedding has spare rows past the tokenizer.
     cfg = Qwen3Config(
         vocab_size=-(-len(tokenizer) // 64) * 64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=MAX_LENGTH,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=max_length,
         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )  # fmt: skip
@@ -305,20 +305,31 @@ _BUILDERS: dict[str, Callable] = {
 assert tuple(_BUILDERS) == FAMILIES
 
 
-def build_family(kind: str, out: Path) -> Path:
-    """Save a tiny random checkpoint of family `kind` (config, safetensors, tokenizer) into `out`.
+def build_family(kind: str, out: Path, max_length: int = MAX_LENGTH) -> Path:
+    """Save a tiny random checkpoint of family `kind` (config, safetensors, tokenizer) into `out`, reading
+    `max_length` tokens (its positions and its tokenizer's limit; longp's tests build 4k-8k ones).
 
     Seeded: the same kind gives the same weights and vocabulary on every call.
     """
     if kind not in _BUILDERS:
         raise ValueError(f"unknown family {kind!r}; known: {', '.join(FAMILIES)}")
     torch.manual_seed(0)
-    tokenizer, model = _BUILDERS[kind]()
+    tokenizer, model = _BUILDERS[kind](max_length)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def served_side_by_side(folders: dict[str, Path]):
+    """One embedded Triton serving each prepared folder under its name (KEYRANK_MODELS), on free ports: ``with``
+    it. (A repository folder of its own would be staged with its first model only.)"""
+    from keyrank.config import Settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+
+    served = ",".join(f"{name}={folder}" for name, folder in folders.items())
+    return EmbeddedTriton(settings=Settings(models=served, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0))
 
 
 _built: dict[str, Path] = {}

@@ -93,6 +93,19 @@ def test_a_decoder_prompt_frame_shrinks_the_windows_and_raises_the_cost():
     assert _cost("maxp", None, Q, [doc], S, frame_tokens=60) == 11
 
 
+def test_longp_is_charged_attentions_quadratic_cost_not_one_sequence():
+    # One input of n tokens costs (n / 512)^2 sequences of 512: 1k -> 4, 2k -> 16, 4k -> 64; an 8k document is
+    # cut to what fits next to the query (8192 - 4 - 2 = 8186 tokens) and costs (8186 / 512)^2 = 255.6.
+    def doc(n: int) -> str:
+        return "x" * int(n * CHARS_PER_TOKEN)
+
+    costs = [_cost("longp", None, Q, [doc(n)], S, max_length=8192) for n in (300, 1024, 2048, 4096, 8192, 20_000)]
+    assert costs[:4] == [1, 4, 16, 64] and costs[4] == costs[5] == pytest.approx((8186 / 512) ** 2)
+    capped = S.with_overrides(longp_max_length=2048)
+    assert _cost("longp", None, Q, [doc(4096)], capped, max_length=8192) == pytest.approx(((2048 - 6) / 512) ** 2)
+    assert _cost("firstp", None, Q, [doc(8192)], S, max_length=8192) == 1  # the other strategies still read 512
+
+
 def test_the_estimate_windows_a_short_model_as_the_pipeline_does():
     # A model that reads 256 tokens: the pipeline's windows hold 256 - 4 - 2 = 250 document tokens (stride 125),
     # and so do the estimate's, since both ask the resolved request's budget: 1 + ceil(2250 / 125) = 19.

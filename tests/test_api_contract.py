@@ -73,6 +73,7 @@ BAD_INPUTS = [
     pytest.param("/rerank", _with(top_n="3"), 422, ["top_n", "integer"], id="top_n-as-string-not-coerced"),
     pytest.param("/rerank", _with(top_n=3.5), 422, ["top_n", "integer"], id="top_n-fraction-not-coerced"),
     pytest.param("/rerank", _with(strategy="bestp"), 422, ["strategy", "keyb2", "maxp"], id="unknown-strategy"),
+    pytest.param("/rerank", _with(strategy="longp"), 422, ["longp", "at most 512 tokens", "would be firstp"], id="longp-on-a-512-token-model"),
     pytest.param("/rerank", _with(selector="tfidf"), 422, ["selector", "bm25", "dense", "cross"], id="unknown-selector"),
     pytest.param("/rerank", _with(temperature=0.5), 422, ["temperature", "unknown field"], id="unknown-field"),
     pytest.param("/rerank", _raw(b'{"query": "q", "documents": ['), 400, ["not valid JSON", "Expecting value", "line 1, column 30"], id="truncated-json"),

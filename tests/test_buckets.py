@@ -11,7 +11,7 @@ from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, bucket_batches
-from keyrank.scoring.buckets import choose_edges, padded_tokens
+from keyrank.scoring.buckets import choose_edges, long_widths, padded_tokens, possible_widths
 from keyrank.scoring.local import LocalScorer
 from shared_data import DATASETS
 
@@ -75,6 +75,36 @@ def test_zero_shapes_keeps_the_fixed_buckets():
     lengths = [70, 130, 500]
     batches = bucket_batches(_inputs(lengths), buckets=FIXED, batch_size=32, pad_id=0, max_shapes=0)
     assert sorted(b.input_ids.shape[1] for b in batches) == [128, 256, 512]
+
+
+def test_long_widths_cut_each_doubling_in_four_up_to_the_longest_input():
+    assert long_widths(512, 8192) == (640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096,
+                                      5120, 6144, 7168, 8192)
+    assert long_widths(512, 5000)[-2:] == (4096, 5000)  # the model's own odd length is the last width
+    assert long_widths(512, 512) == long_widths(512, 384) == ()  # a 512-token model: nothing past the buckets
+    lengths = np.arange(513, 8193)
+    edges = np.asarray(long_widths(512, 8192))
+    assert np.max(edges[np.searchsorted(edges, lengths)] / lengths) < 1.25  # padding under a quarter
+
+
+def test_long_sequences_travel_at_long_widths_in_batches_of_the_short_ones_tokens():
+    lengths = [100, 300, 600, 3000, 3000, 3000, 8000]
+    batches = bucket_batches(_inputs(lengths), buckets=FIXED, batch_size=4, pad_id=0, max_shapes=2, multiple=32,
+                             long_buckets=long_widths(512, 8192))
+    widths = sorted((b.input_ids.shape[1], b.rows.size) for b in batches)
+    # short ones as before (at most 2 chosen widths); 3072 holds 4 x 512 // 3072 = 1 row, 8192 one
+    assert len({w for w, _ in widths if w <= 512}) <= 2
+    assert [(w, n) for w, n in widths if w > 512] == [(640, 1), (3072, 1), (3072, 1), (3072, 1), (8192, 1)]
+    rows = np.concatenate([b.rows for b in batches])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    with pytest.raises(ValueError, match=r"1\.\.512"):
+        bucket_batches(_inputs([600]), buckets=FIXED, batch_size=4, pad_id=0)  # no long widths: refused as before
+
+
+def test_warm_up_covers_the_long_widths_and_not_every_multiple_past_512():
+    widths = possible_widths(FIXED, max_shapes=4, multiple=32, max_length=4096)
+    assert widths == tuple(range(32, 513, 32)) + long_widths(512, 4096)
+    assert possible_widths(FIXED, max_shapes=4, multiple=32, max_length=512) == tuple(range(32, 513, 32))
 
 
 @pytest.fixture(scope="module")

@@ -265,6 +265,23 @@ def test_other_architectures_export_with_pooled_as_the_final_linears_input(tmp_p
     np.testing.assert_allclose(session.run(["logits"], flipped)[0], logits, atol=1e-6)
 
 
+@pytest.mark.parametrize("model_type, positions, pad, tokenizer_limit, expected", [
+    ("bert", 512, 0, 512, 512),
+    ("xlm-roberta", 514, 1, int(1e30), 512),  # positions count from padding_idx + 1; no tokenizer limit
+    ("xlm-roberta", 8194, 1, 8192, 8192),  # bge-reranker-v2-m3
+    ("modernbert", 8192, 50283, 8192, 8192),  # gte-reranker-modernbert-base
+    ("qwen3", 40960, 151643, 131072, 40960),  # Qwen3-Reranker: the tokenizer states more than the positions
+    ("bert", 2048, 0, 512, 512),  # a tokenizer that reads less than the positions is believed
+])
+def test_the_models_own_length_comes_from_its_position_embeddings(model_type, positions, pad, tokenizer_limit, expected):
+    from types import SimpleNamespace
+
+    from keyrank.prepare.cross_encoder import _max_length
+
+    config = SimpleNamespace(model_type=model_type, max_position_embeddings=positions, pad_token_id=pad)
+    assert _max_length(SimpleNamespace(model_max_length=tokenizer_limit), config) == expected
+
+
 def test_an_onnx_graph_off_by_more_than_atol_is_refused():
     reference = np.array([[3.9349], [-1.25]], dtype=np.float32)
     assert onnx_export.check_close("logits", reference, reference + 5e-4, atol=1e-3) == pytest.approx(5e-4, rel=1e-3)

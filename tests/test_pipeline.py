@@ -14,8 +14,10 @@ from shared_data import DATASETS
 
 pytestmark = pytest.mark.triton
 
-# Strategies with trained parts are pinned where they are trained (test_parade_trained.py).
-CASES = [(s, None) for s in STRATEGIES if not REGISTRY[s].needs_selector and not REGISTRY[s].trained_parts]
+# Strategies with trained parts are pinned where they are trained (test_parade_trained.py); longp, which the
+# 512-token model refuses, on the long-context models tests/test_longp.py builds.
+CASES = [(s, None) for s in STRATEGIES
+         if not REGISTRY[s].needs_selector and not REGISTRY[s].trained_parts and not REGISTRY[s].cut.needs]
 CASES += [("keyb2", "bm25"), ("keyb2", "dense"), ("keyb2", "hybrid"), ("keyb2", "cross")]
 
 
@@ -47,6 +49,13 @@ def test_every_strategy_ranks_every_document_with_evidence_inside_it(reranker, m
     assert ranking.usage.scored_sequences >= len(docs)
     if strategy == "keyb2" and selector == "cross":
         assert ranking.usage.scored_sequences > len(docs)  # blocks were scored first
+
+
+def test_the_512_token_model_refuses_longp_rather_than_reading_a_prefix(reranker, meeting):
+    query, docs = meeting
+    with pytest.raises(InvalidRequest, match="reads at most 512 tokens") as refused:
+        reranker.rank(query, docs, strategy="longp")
+    assert refused.value.field == "strategy"
 
 
 def test_parade_on_a_one_window_document_equals_the_plain_logit(reranker):

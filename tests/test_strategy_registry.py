@@ -174,6 +174,7 @@ PINNED = {
     "parade-avg": ("sliding", "parade-avg"),
     "parade-attn": ("sliding", "trained"),
     "parade-transformer": ("sliding", "trained"),
+    "longp": ("whole", "single"),
 }
 
 
@@ -182,6 +183,50 @@ def test_registry_rows_match_the_behaviour_pinned_above(name):
     spec = REGISTRY[name]
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
     assert spec.needs_pooled == name.startswith("parade")
+
+
+def _counting_long(counting, max_length: int, **overrides) -> Reranker:
+    """The counting reranker on a model that reads ``max_length`` tokens (the same tokenizer, a longer frame)."""
+    from dataclasses import replace
+
+    from keyrank.pipeline import Pipeline
+
+    settings = counting.settings.with_overrides(**overrides)
+    pipeline = Pipeline(counting.tokenizer, replace(counting.template, max_length=max_length), settings,
+                        manifest=counting.pipeline.manifest)
+    other = Reranker(settings, scorer=MarkerCounter(counting.scorer.marker_id), pipeline=pipeline)
+    other.head = counting.head
+    return other
+
+
+def test_longp_reads_the_whole_document_in_one_sequence_where_firstp_stops(counting):
+    long = _counting_long(counting, 4096)
+    doc = _doc(long, [0] * 12 + [3] + [0] * 30)  # the markers sit past firstp's 64 tokens
+    assert _score(long, "firstp", doc) == (0, [64])
+    score, lengths = _score(long, "longp", doc)
+    result = long.rank("where is the mill", [doc], strategy="longp").results[0]
+    assert score == 3 and len(lengths) == 1 and lengths[0] > 64
+    assert not result.truncated and result.read_tokens == result.document_tokens > 300
+    assert [(e.start, e.end) for e in result.evidence] == [(0, len(doc))]  # the whole text argues for the score
+
+
+def test_longp_cuts_at_the_models_own_length_and_says_so(counting):
+    long = _counting_long(counting, 128)
+    doc = _doc(long, [0] * 40)
+    result = long.rank("where is the mill", [doc], strategy="longp").results[0]
+    assert long.scorer.seen[-1].tokens == 128 and result.truncated and result.read_tokens < result.document_tokens
+
+
+def test_a_model_no_longer_than_the_other_strategies_read_refuses_longp_instead_of_being_firstp(counting):
+    from keyrank.errors import InvalidRequest
+
+    bert = _counting_long(counting, 512, max_sequence_length=512)  # the prepared MiniLM as served
+    with pytest.raises(InvalidRequest, match=r"reads at most 512 tokens .*longp would be firstp") as refused:
+        bert.rank("where is the mill", ["the mill"], strategy="longp")
+    assert refused.value.field == "strategy"
+    capped = _counting_long(counting, 4096, longp_max_length=64)
+    with pytest.raises(InvalidRequest, match="KEYRANK_LONGP_MAX_LENGTH is 64"):
+        capped.rank("where is the mill", ["the mill"], strategy="longp")
 
 
 def test_a_strategy_without_its_trained_part_is_refused_naming_the_command(counting, tmp_path):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 import unicodedata
 from pathlib import Path
 
 import numpy as np
 import pytest
-from families import DECODER_FAMILIES, FAMILIES, family_checkpoint
+from families import DECODER_FAMILIES, FAMILIES, family_checkpoint, served_side_by_side
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from keyrank.config import Settings
@@ -213,25 +212,9 @@ def _fold(text: str) -> str:
 # --- Triton and in-process agree --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def family_triton(prepared, tmp_path_factory):
-    """One embedded Triton serving every family's model (as ce_<family>)."""
-    from keyrank.modelserver.embedded import EmbeddedTriton
-
-    repo = tmp_path_factory.mktemp("families-repo")
-    for kind, (_, models) in prepared.items():
-        name = "ce_" + kind.replace("-", "_")
-        shutil.copytree(models / "triton-embedded" / "cross_encoder", repo / name)
-        config = repo / name / "config.pbtxt"
-        config.write_text(config.read_text().replace('name: "cross_encoder"', f'name: "{name}"'))
-    settings = Settings(embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0, triton_model="ce_bert")
-    with EmbeddedTriton(repo, settings=settings) as server:
-        import tritonclient.grpc as grpcclient
-
-        from keyrank.modelserver.embedded import GRPC_ADMIN_HEADER
-
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        for kind in prepared:  # explicit model control loads only ce_bert: the rest through the admin API
-            client.load_model("ce_" + kind.replace("-", "_"), headers={GRPC_ADMIN_HEADER: server.admin_key})
+def family_triton(prepared):
+    """One embedded Triton serving every family's model side by side (as ce_<family>)."""
+    with served_side_by_side({f"ce_{kind.replace('-', '_')}": models for kind, (_, models) in prepared.items()}) as server:
         yield server
 
 

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     eval_data_dir: Path = Field(Path("../shared/datasets"), exclude=True, description="The judged data (qmsum/, trec-dl20-passage/, squad2-dev-half/), read where it is, never copied: by `keyrank eval`, `finetune` and `bench`, and for the playground's QMSum meeting; relative to the current folder. `keyrank prepare`'s quality gate reads its default unless --gate-datasets says otherwise.")
 
     # --- model input shape (papers) ----------------------------------------
-    max_sequence_length: int = Field(512, description="Longest model input, the template's frame included; the model's own limit caps it.")
+    max_sequence_length: int = Field(512, description="Longest model input, the template's frame included; the model's own limit caps it. Every strategy but longp reads at most this.")
+    longp_max_length: int = Field(8192, ge=1, description="Longest longp input, the template's frame included: the model's own limit (from its config at `keyrank prepare`), capped at this. Widths past length_buckets are warmed up and sent up to it, so it bounds the model server's memory too (docs/PERFORMANCE.md, LongP).")
     query_max_tokens: int = Field(32, description="Query tokens fed to the model (KeyB2/PARADE use 32); longer queries are cut.")
     keyb2_budget_tokens: int = Field(480, description="Document tokens of selected blocks (KeyB2); capped by what fits next to the query.")
     block_max_tokens: int = Field(63, description="CogLTX block size limit in tokens.")
@@ -168,6 +169,11 @@ class Settings(BaseSettings):
     def for_model(self, name: str, folder: Path) -> Settings:
         """The settings of one served model: its folder, its Triton model (its name), the name answers report."""
         return self.with_overrides(model_dir=folder, triton_model=name, model_name=name)
+
+    def longest_input(self, model_max_length: int) -> int:
+        """The longest input any strategy builds for a model that reads ``model_max_length`` tokens: the
+        widest shape the scorers send and Triton is warmed up with."""
+        return min(model_max_length, max(self.max_sequence_length, self.longp_max_length))
 
     @property
     def gateway_dir(self) -> Path:

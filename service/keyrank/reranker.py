@@ -32,7 +32,9 @@ from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
 from keyrank.scoring import Scorer
+from keyrank.scoring.buckets import long_widths
 from keyrank.strategies import Passage, StrategySpec
+from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
 
 __all__ = ["Evidence", "RankedDocument", "Ranking", "RerankOptions", "Reranker", "Usage"]
@@ -123,19 +125,20 @@ class Reranker:
         if scorer is None:
             if not self.settings.triton_url:
                 raise ValueError("no Triton to score on: set triton_url, or use Reranker.embedded() or Reranker.local()")
-            scorer = self.triton_scorer(self.settings, self.template.pad_id)
+            scorer = self.triton_scorer(self.settings, self.template)
         self.scorer: Scorer = scorer
         """Where sequences are scored."""
         self._embedded: Any = None
         self._loop: _LoopThread | None = None
 
     @staticmethod
-    def triton_scorer(settings: Settings, pad_id: int) -> Scorer:
+    def triton_scorer(settings: Settings, template: InputTemplate) -> Scorer:
         from keyrank.scoring.triton import TritonScorer
 
         embedded = settings.triton_server_id is not None  # keyrank serve's or Reranker.embedded()'s own Triton
         return TritonScorer(
-            settings.triton_url, model=settings.triton_model, pad_id=pad_id, buckets=settings.length_buckets,
+            settings.triton_url, model=settings.triton_model, pad_id=template.pad_id, buckets=settings.length_buckets,
+            long_buckets=long_buckets(settings, template),
             batch_size=settings.triton_batch_size, max_in_flight=settings.triton_max_in_flight,
             probe_timeout_s=settings.triton_connect_timeout_s, server_id=settings.triton_server_id,
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
@@ -256,6 +259,7 @@ class Reranker:
         version = settings.embedded_repository("cpu") / settings.triton_model / "1"
         scorer = LocalScorer(
             version / "model.onnx", pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
+            long_buckets=long_buckets(settings, pipeline.template),
             threads=threads, max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
             runtime=read_runtime(version),
         )
@@ -286,6 +290,7 @@ class Reranker:
         scorer = TorchScorer(
             version, pad_id=pipeline.template.pad_id, device=device, dtype=dtype, cuda_graphs=cuda_graphs,
             buckets=settings.length_buckets, batch_size=max(64, settings.triton_batch_size),
+            long_buckets=long_buckets(settings, pipeline.template),
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
         )
         return cls(settings, scorer=scorer, pipeline=pipeline)
@@ -337,6 +342,12 @@ def _check(query: str, documents: Sequence[str]) -> None:
         raise InvalidRequest("documents must hold at least one document", field="documents")
     if any(not isinstance(d, str) for d in documents):
         raise InvalidRequest("every document must be a string", field="documents")
+
+
+def long_buckets(settings: Settings, template: InputTemplate) -> tuple[int, ...]:
+    """The widths past the length buckets up to the longest input a strategy builds for this model (longp's),
+    as `keyrank prepare` warmed Triton up with them (prepare/repositories.py)."""
+    return long_widths(max(settings.length_buckets), settings.longest_input(template.max_length))
 
 
 def _evidence(doc: Encoded, passage: Passage) -> list[Evidence]:

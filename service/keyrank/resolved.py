@@ -74,8 +74,9 @@ class Resolved:
         return self.selector.name if self.selector else None
 
     def budget(self, query_tokens: int) -> int:
-        """Document tokens that fit next to a query of ``query_tokens`` in one model input."""
-        return self.template.document_budget(query_tokens, self.settings.max_sequence_length)
+        """Document tokens that fit next to a query of ``query_tokens`` in one model input (the strategy's cut
+        says how long an input may be: ``max_sequence_length``, or longp's own length)."""
+        return self.template.document_budget(query_tokens, self.spec.cut.max_length(self.settings))
 
     def with_top_n(self, top_n: int | None) -> Resolved:
         return replace(self, top_n=top_n)
@@ -92,6 +93,8 @@ def resolve(options: RerankOptions, settings: Settings, template: InputTemplate,
     if strategy not in REGISTRY:
         raise InvalidRequest(f"unknown strategy {strategy!r}; expected one of {', '.join(STRATEGIES)}", field="strategy")
     spec = REGISTRY[strategy]
+    if refusal := spec.cut.refuses(template, settings):
+        raise InvalidRequest(refusal, field="strategy")
     selector = None
     if spec.needs_selector:
         name = options.selector or settings.default_selector

@@ -156,7 +156,8 @@ def write(out: Path, winner: Candidate, rows: dict, *, command: str, n_queries: 
 def parser() -> argparse.ArgumentParser:
     from keyrank.cli_format import DefaultsHelpFormatter
 
-    runnable = [s for s in STRATEGIES if not REGISTRY[s].trained_parts]
+    # Neither trained parts nor a long-context model (longp) can be assumed: name those with --strategies.
+    runnable = [s for s in STRATEGIES if not REGISTRY[s].trained_parts and not REGISTRY[s].cut.needs]
     p = argparse.ArgumentParser(prog="keyrank tune", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     add_trec_arguments(p, required=True)
     p.add_argument("--model-dir", type=Path, default=None, help="output of `keyrank prepare`; unset = KEYRANK_MODEL_DIR (models)")

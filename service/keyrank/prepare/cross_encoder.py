@@ -257,10 +257,18 @@ def load_checkpoint(auto_class, checkpoint: Path):
 
 
 def _max_length(tokenizer, config) -> int:
+    """The model's own longest input: its position embeddings (from its config), cut to the tokenizer's limit
+    when that is smaller. Tokenizers without a limit report a huge sentinel; decoders' tokenizers often state
+    more than the positions (Qwen3: 131072 of 40960)."""
+    from keyrank.prepare.template import ENCODER_FAMILIES
+
+    positions = int(getattr(config, "max_position_embeddings", None) or 512)
+    if ENCODER_FAMILIES.get(getattr(config, "model_type", "")) == "roberta":
+        # RoBERTa-likes number positions from padding_idx + 1 (514 -> 512, bge-reranker-v2-m3's 8194 -> 8192).
+        pad = getattr(config, "pad_token_id", None)
+        positions -= (1 if pad is None else int(pad)) + 1
     limit = getattr(tokenizer, "model_max_length", None)
-    positions = getattr(config, "max_position_embeddings", 512)
-    # Tokenizers without a limit report a huge sentinel; RoBERTa reserves 2 positions (514 -> 512).
-    return int(limit) if limit and limit <= positions else int(min(positions, 512))
+    return int(min(limit, positions)) if limit else positions
 
 
 def final_linear(model, batch):

@@ -19,14 +19,16 @@ from keyrank.modelserver.repository import INPUTS, MODEL_NAME, PYTHON_MODELS
 
 
 def warmup_lengths(max_length: int) -> tuple[int, ...]:
-    """Every width the gateway can send (its length buckets and, when widths are chosen per request, every
-    multiple of KEYRANK_LENGTH_BUCKET_MULTIPLE): each is run once at load, so no request pays a first-shape
-    cost. Read from the same settings as the gateway's, at prepare time."""
+    """Every width the gateway can send to a model that reads ``max_length`` tokens (its length buckets; when
+    widths are chosen per request, every multiple of KEYRANK_LENGTH_BUCKET_MULTIPLE; for a long-context model,
+    longp's long widths up to KEYRANK_LONGP_MAX_LENGTH): each is run once at load, so no request pays a
+    first-shape cost. Read from the same settings as the gateway's, at prepare time."""
     from keyrank.config import get_settings
     from keyrank.scoring.buckets import possible_widths
 
     s = get_settings()
-    return possible_widths(s.length_buckets, max_shapes=s.length_bucket_shapes, multiple=s.length_bucket_multiple, max_length=max_length)
+    return possible_widths(s.length_buckets, max_shapes=s.length_bucket_shapes, multiple=s.length_bucket_multiple,
+                           max_length=s.longest_input(max_length))
 
 
 def warmup_config(max_length: int) -> str:
@@ -93,8 +95,13 @@ def write_repositories(out: Path, ce: dict, tensorrt_fp16: bool, max_batch_size:
                        cpu_model: Path | None = None) -> None:
     """Configs and model.py of both repositories; the embedded one serves ``cpu_model`` (the CPU variant
     `keyrank prepare` chose and gated), else the production model.onnx."""
+    from keyrank.config import get_settings
+
+    # The longest input any strategy sends (longp's, capped by KEYRANK_LONGP_MAX_LENGTH), not the model's own
+    # limit: TensorRT's profile and the warm-up stop there.
+    longest = get_settings().longest_input(ce["max_length"])
     shape = {"hidden_size": ce["hidden_size"], "num_labels": ce["num_labels"],
-             "max_batch_size": max_batch_size, "max_length": ce["max_length"]}
+             "max_batch_size": max_batch_size, "max_length": longest}
     production = out / "triton" / MODEL_NAME
     write_if_changed(production / "config.pbtxt", triton_config(backend="onnxruntime", tensorrt_fp16=tensorrt_fp16, **shape))
     embedded = out / "triton-embedded" / MODEL_NAME

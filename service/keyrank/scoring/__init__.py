@@ -96,28 +96,37 @@ class Batch:
 
 
 def bucket_batches(
-    inputs: ModelInputs, *, buckets: Sequence[int], batch_size: int, pad_id: int, max_shapes: int = 0, multiple: int = 32
+    inputs: ModelInputs, *, buckets: Sequence[int], batch_size: int, pad_id: int, max_shapes: int = 0, multiple: int = 32,
+    long_buckets: Sequence[int] = (),
 ) -> list[Batch]:
     """Group sequences by the smallest bucket that fits and cut each group into balanced batches.
 
     ``max_shapes`` > 0: the buckets are chosen from this request's lengths (scoring/buckets.py), at
     most that many multiples of ``multiple``, never more padding than ``buckets``; 0 = ``buckets``.
+    ``long_buckets``: the widths past the longest bucket (longp's, ``buckets.long_widths``), used as they are;
+    a batch of one holds no more tokens than ``batch_size`` sequences of the longest bucket.
     """
     if len(inputs.ids) != len(inputs.types):
         raise ValueError(f"{len(inputs.ids)} input_ids but {len(inputs.types)} token_type_ids")
     edges = np.asarray(sorted(buckets), dtype=np.int64)
+    longer = np.asarray(sorted(w for w in long_buckets if w > edges[-1]), dtype=np.int64)
+    top = int(longer[-1]) if longer.size else int(edges[-1])
     lengths = np.fromiter((len(ids) for ids in inputs.ids), dtype=np.int64, count=len(inputs.ids))
-    if lengths.size and (lengths.max() > edges[-1] or lengths.min() == 0):
-        raise ValueError(f"sequence lengths must be in 1..{edges[-1]}, got {lengths.min()}..{lengths.max()}")
+    if lengths.size and (lengths.max() > top or lengths.min() == 0):
+        raise ValueError(f"sequence lengths must be in 1..{top}, got {lengths.min()}..{lengths.max()}")
+    short_top = int(edges[-1])
     if max_shapes > 0:
-        edges = choose_edges(lengths, edges, max_shapes=max_shapes, multiple=multiple)
+        edges = choose_edges(lengths[lengths <= short_top], edges, max_shapes=max_shapes, multiple=multiple)
+    edges = np.concatenate([edges, longer])
     which = np.searchsorted(edges, lengths, side="left")
     batches: list[Batch] = []
     for b in np.unique(which):
         members = np.flatnonzero(which == b)
         width = int(edges[b])
+        # Attention's memory grows with the square of the width: past the short buckets, fewer rows per batch.
+        rows_per_batch = batch_size if width <= short_top else max(1, batch_size * short_top // width)
         # Balanced chunks (e.g. 17 + 16, not 32 + 1) so concurrent requests finish together.
-        for rows in np.array_split(members, -(-members.size // batch_size)):
+        for rows in np.array_split(members, -(-members.size // rows_per_batch)):
             ids = np.full((rows.size, width), pad_id, dtype=np.int64)
             types = np.zeros((rows.size, width), dtype=np.int64)
             mask = np.zeros((rows.size, width), dtype=np.int64)

@@ -10,6 +10,11 @@ still merges them and a CUDA graph per width stays affordable) and at most
 (dynamic programming over the distinct rounded lengths). If the fixed list
 would pad less (it may use more shapes than ``max_shapes``), the fixed list is
 used: adaptive never pads more than fixed.
+
+Past the longest fixed width, only longp's inputs go (a long-context model read
+whole): there the widths are fixed, four per doubling (640, 768, 896, 1024,
+1280, ... up to the model's length, ``long_widths``), so padding stays under a
+quarter and Triton's warm-up runs a handful of long shapes, not every multiple.
 """
 
 from __future__ import annotations
@@ -24,14 +29,29 @@ LENGTH_MULTIPLE = 32
 """Per-request widths are multiples of this (KEYRANK_LENGTH_BUCKET_MULTIPLE's default)."""
 
 
+def long_widths(top: int, longest: int) -> tuple[int, ...]:
+    """The widths past ``top`` (the longest fixed one) up to ``longest`` (the longest input, ``Settings.longest_input``):
+    each doubling cut in four (512 -> 640, 768, 896, 1024 -> 1280, ...), the last one ``longest`` itself."""
+    widths, octave = [], top
+    while octave < longest:
+        widths += [octave + octave * k // 4 for k in (1, 2, 3)]
+        octave *= 2
+        widths.append(octave)
+    return tuple(w for w in widths if w < longest) + ((longest,) if longest > top else ())
+
+
 def possible_widths(buckets: Sequence[int], *, max_shapes: int, multiple: int, max_length: int) -> tuple[int, ...]:
     """Every width a sequence can travel at: the fixed buckets, plus, when widths are chosen per request
-    (``max_shapes`` > 0), every multiple of ``multiple`` up to ``max_length``. Triton's warm-up runs each once,
-    so no request pays a first-shape cost (repository writers)."""
+    (``max_shapes`` > 0), every multiple of ``multiple`` up to the longest of them (or ``max_length``), plus the
+    long widths up to ``max_length``. Triton's warm-up runs each once, so no request pays a first-shape cost
+    (repository writers)."""
+    top = max(buckets)
     widths = {b for b in buckets if b <= max_length}
     if max_shapes > 0:
-        widths.update(range(multiple, max_length + 1, multiple))
-        widths.add(max_length)
+        short = min(top, max_length)
+        widths.update(range(multiple, short + 1, multiple))
+        widths.add(short)
+    widths.update(long_widths(top, max_length))
     return tuple(sorted(widths))
 
 

@@ -24,7 +24,7 @@ class InProcessScorer:
     """A ``Scorer`` whose model runs here; subclasses say how one batch runs (``run_batch``)."""
 
     def __init__(self, *, pad_id: int, buckets: Sequence[int] = LENGTH_BUCKETS, batch_size: int = 32,
-                 max_shapes: int = 0, multiple: int = LENGTH_MULTIPLE) -> None:
+                 max_shapes: int = 0, multiple: int = LENGTH_MULTIPLE, long_buckets: Sequence[int] = ()) -> None:
         self.pad_id: int = pad_id
         """Token id written after each sequence up to its width."""
         self.buckets: tuple[int, ...] = tuple(sorted(buckets))
@@ -33,6 +33,8 @@ class InProcessScorer:
         """Most sequences in one run of the model."""
         self.shapes: dict[str, int] = {"max_shapes": max_shapes, "multiple": multiple}
         """Per-request widths (scoring/buckets.py); max_shapes 0 = the fixed buckets."""
+        self.long_buckets: tuple[int, ...] = tuple(long_buckets)
+        """Widths past the buckets, up to the model's longest input (longp; scoring/buckets.py ``long_widths``)."""
         # One run at a time: two concurrent runs would only split the same cores (or the same GPU).
         self._lock = threading.Lock()
 
@@ -46,7 +48,8 @@ class InProcessScorer:
 
     def score_sync(self, inputs: ModelInputs, *, want_pooled: bool, deadline: float | None = None) -> Scores:
         """The blocking form (training and benchmarks call it from plain code)."""
-        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id, **self.shapes)
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=self.batch_size, pad_id=self.pad_id,
+                                 long_buckets=self.long_buckets, **self.shapes)
         results = []
         with self._lock:
             for batch in batches:

@@ -70,9 +70,11 @@ class LocalScorer(InProcessScorer):
         providers: Sequence[str] = ("CPUExecutionProvider",),
         max_shapes: int = 0,
         multiple: int = LENGTH_MULTIPLE,
+        long_buckets: Sequence[int] = (),
         runtime: dict | None = None,
     ) -> None:
-        super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple)
+        super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple,
+                         long_buckets=long_buckets)
         self.session, self.input_names, self.runtime = open_session(onnx_path, threads=threads, runtime=runtime, providers=providers)
         """The ONNX Runtime session (or an ``OpenVinoSession``, which runs alike); the inputs the graph
         declares (all three for exports of `keyrank prepare`); which runtime runs it, as found here."""

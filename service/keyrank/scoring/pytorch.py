@@ -34,8 +34,10 @@ class TorchScorer(InProcessScorer):
         batch_size: int = 64,
         max_shapes: int = 0,
         multiple: int = LENGTH_MULTIPLE,
+        long_buckets: Sequence[int] = (),
     ) -> None:
-        super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple)
+        super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple,
+                         long_buckets=long_buckets)
         self.encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=cuda_graphs)
         """The model (``models/triton-embedded-cuda/cross_encoder/1``)."""
 

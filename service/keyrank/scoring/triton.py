@@ -99,6 +99,7 @@ class TritonScorer:
         small_sequences: float = float("inf"),
         heavy_batch_size: int | None = None,
         heavy_in_flight: int | None = None,
+        long_buckets: Sequence[int] = (),
     ) -> None:
         self.url: str = url
         """host:port of Triton's gRPC endpoint."""
@@ -112,6 +113,8 @@ class TritonScorer:
         """Most sequences in one Triton request."""
         self.shapes: dict[str, int] = {"max_shapes": max_shapes, "multiple": multiple}
         """Per-request widths (scoring/buckets.py); max_shapes 0 = the fixed buckets."""
+        self.long_buckets: tuple[int, ...] = tuple(long_buckets)
+        """Widths past the buckets, up to the model's longest input (longp; scoring/buckets.py ``long_widths``)."""
         self.max_in_flight: int = max_in_flight
         """Most Triton requests in flight from this process, over all callers."""
         self.small_sequences: float = small_sequences
@@ -152,7 +155,8 @@ class TritonScorer:
         cost = request_cost.get()
         heavy = cost > self.small_sequences
         size = self.heavy_batch_size if heavy else self.batch_size
-        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=size, pad_id=self.pad_id, **self.shapes)
+        batches = bucket_batches(inputs, buckets=self.buckets, batch_size=size, pad_id=self.pad_id,
+                                 long_buckets=self.long_buckets, **self.shapes)
         if n == 0:
             return gather(0, [], [], want_pooled)
         if deadline - time.monotonic() <= 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keyrank.strategies.passage import Passage
-from keyrank.strategies.cuts import BLOCKS, DISJOINT, PREFIX, SLIDING, DocumentCut
+from keyrank.strategies.cuts import BLOCKS, DISJOINT, PREFIX, SLIDING, WHOLE, DocumentCut
 
 __all__ = ["REGISTRY", "STRATEGIES", "Passage", "StrategySpec", "get_spec", "markdown_table"]
 
@@ -29,7 +29,8 @@ class StrategySpec:
     """The API's name for it."""
     cut: DocumentCut
     """How the document is read (cuts.py): ``prefix``: the first tokens; ``sliding``: overlapping windows
-    (stride = half by default); ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2)."""
+    (stride = half by default); ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2);
+    ``whole``: the whole document in one input, up to the model's own length (longp)."""
     aggregation: str
     """How sequence scores become a document score (aggregate.py ``METHODS``)."""
     needs_pooled: bool = False
@@ -69,6 +70,9 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2", BLOCKS, "max",
                      summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
                              "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),
+        StrategySpec("longp", WHOLE, "single",
+                     summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
+                             "ModernBERT, bge-reranker-v2-m3, decoders); its score"),
     )
 }
 STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
@@ -79,7 +83,7 @@ def markdown_table() -> str:
     rows = ["| strategy | cut | what the cross-encoder reads; document score | needs |", "| --- | --- | --- | --- |"]
     for spec in REGISTRY.values():
         needs = [n for n, on in (("a selector", spec.needs_selector), ("pooled vectors", spec.needs_pooled)) if on]
-        needs += [f"trained `{part}`" for part in spec.trained_parts]
+        needs += [f"trained `{part}`" for part in spec.trained_parts] + ([spec.cut.needs] if spec.cut.needs else [])
         rows.append(f"| `{spec.name}` | {spec.cut.name} | {spec.summary} | {', '.join(needs) or '-'} |")
     return "\n".join(rows)
 

@@ -14,7 +14,9 @@ and the rows that use it:
 - ``evidence``: which passages a document's score rests on (the metrics'
   evidence position);
 - ``input_settings``: which settings its model inputs depend on (training's
-  cache keys).
+  cache keys);
+- ``max_length`` and ``refuses``: how long one of its inputs may be, and why a
+  model cannot be read this way (resolution's 422).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from keyrank.doc_cache import DocumentCache
     from keyrank.resolved import Resolved
     from keyrank.select import SelectorSpec
+    from keyrank.template import InputTemplate
 
 SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_selector")
 """Settings that shape only the blocks cut's inputs (its blocks and their selection); windows never read them."""
@@ -55,7 +58,7 @@ class CutContext:
 
 
 class DocumentCut(ABC):
-    """One way of reading a document; the subclasses below are the four the strategies use."""
+    """One way of reading a document; the subclasses below are the five the strategies use."""
 
     name: str = ""
     """The registry's and the README's name for it."""
@@ -63,6 +66,8 @@ class DocumentCut(ABC):
     """Several sequences per document, each a window of it (the windows strategies)."""
     selects: bool = False
     """Its pieces are scored by a block selector before assembly (keyb2)."""
+    needs: str = ""
+    """What the model must offer to be read this way (the README's needs column; ``refuses`` enforces it)."""
 
     @abstractmethod
     def segment(self, docs: list[Encoded], budget: int, max_windows: int, ctx: CutContext) -> list[Spans]:
@@ -85,6 +90,14 @@ class DocumentCut(ABC):
     def input_settings(self, settings: dict) -> dict:
         """The settings its model inputs depend on: none of the block selection's."""
         return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
+
+    def max_length(self, settings: Any) -> int:
+        """Longest input it builds, the frame included, before the model's own limit caps it."""
+        return settings.max_sequence_length
+
+    def refuses(self, template: InputTemplate, settings: Any) -> str | None:
+        """Why the model of ``template`` cannot be read this way (resolution's 422), or None."""
+        return None
 
     def __repr__(self) -> str:
         return f"<cut {self.name}>"
@@ -173,5 +186,35 @@ class BlockCut(DocumentCut):
         return settings
 
 
-PREFIX, SLIDING, DISJOINT, BLOCKS = PrefixCut(), SlidingCut(), DisjointCut(), BlockCut()
+class WholeCut(PrefixCut):
+    """LongP: the whole document in one input, up to the model's own length (``longp_max_length`` caps it).
+
+    Its inputs are FirstP's, only longer: what does not fit the model is cut and reported as FirstP's is.
+    Attention's cost grows with the square of the length, so admission charges an input of ``n`` tokens
+    ``max(1, n / max_sequence_length)`` squared sequences: 256 for 8192 tokens beside 512-token ones.
+    """
+
+    name = "whole"
+    needs = "a model reading past `max_sequence_length` (512)"
+
+    def sequences(self, tokens, window, plan):
+        read = np.minimum(tokens, window) / plan.settings.max_sequence_length
+        return float(np.sum(np.maximum(1.0, read) ** 2))
+
+    def max_length(self, settings):
+        return settings.longp_max_length
+
+    def refuses(self, template, settings):
+        reads = min(template.max_length, settings.longp_max_length)
+        if reads > settings.max_sequence_length:
+            return None
+        why = (f"KEYRANK_LONGP_MAX_LENGTH is {settings.longp_max_length}" if template.max_length > settings.max_sequence_length
+               else f"this model reads at most {template.max_length} tokens (its position embeddings)")
+        return (f"longp reads the whole document in one sequence, but {why}, no more than the "
+                f"{settings.max_sequence_length} every strategy reads: longp would be firstp. Serve a long-context "
+                f"reranker (ModernBERT, bge-reranker-v2-m3, a decoder reranker), or read long documents with maxp, "
+                f"parade-* or keyb2")
+
+
+PREFIX, SLIDING, DISJOINT, BLOCKS, WHOLE = PrefixCut(), SlidingCut(), DisjointCut(), BlockCut(), WholeCut()
 """The cuts the registry's rows name (one instance each: rows compare them by identity)."""
