@@ -367,3 +367,34 @@ def test_the_charts_repository_script_builds_a_repository_tritonserver_loads(fol
     for name in folders:
         with EmbeddedTriton(tmp_path / "repository", settings=Settings(triton_model=name), supervise=False) as server:
             assert server.admin.model_ready(name) and server.admin.probe_inference(name, 60) is None
+
+
+@pytest.mark.triton
+def test_a_repository_folder_given_by_hand_keeps_every_model_loadable(prepared_models, tmp_path):
+    """EmbeddedTriton(repository) serves a staged copy: its other models are staged too, loaded on demand through
+    the admin API (explicit model control loads only the default one at start), as from the folder itself."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from keyrank.modelserver.embedded import GRPC_ADMIN_HEADER, EmbeddedTriton
+
+    source = Path(prepared_models) / "triton-embedded" / "cross_encoder"
+    repo = tmp_path / "repo"
+    for name in ("cross_encoder", "second"):
+        (repo / name / "1").mkdir(parents=True)
+        config = (source / "config.pbtxt").read_text().replace('name: "cross_encoder"', f'name: "{name}"')
+        (repo / name / "config.pbtxt").write_text(config)
+        for file in (source / "1").iterdir():
+            if file.name != "__pycache__":
+                (repo / name / "1" / file.name).symlink_to(file.resolve())
+    settings = Settings(embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    with EmbeddedTriton(repo, settings=settings) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        assert not client.is_model_ready("second")
+        client.load_model("second", headers={GRPC_ADMIN_HEADER: server.admin_key})
+        inputs = []
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            tensor = grpcclient.InferInput(name, [1, 8], "INT64")
+            tensor.set_data_from_numpy(np.ones((1, 8), np.int64))
+            inputs.append(tensor)
+        logits = client.infer("second", inputs).as_numpy("logits")
+        assert logits.shape == (1, 1) and np.isfinite(logits).all()

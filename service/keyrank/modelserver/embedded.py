@@ -80,7 +80,7 @@ class EmbeddedTriton:
         variant = settings.embedded_repository()
         self.prepared: dict[str, Path] = {
             name: Path(folder).resolve() / variant.name / MODEL_NAME for name, folder in served.items()
-        } or {self.model: Path(repository or variant).resolve() / self.model}
+        } or _repository_models(Path(repository or variant).resolve(), self.model)
         """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
         self._served = served
 
@@ -365,6 +365,13 @@ class EmbeddedTriton:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _repository_models(root: Path, model: str) -> dict[str, Path]:
+    """A repository folder's models: ``model`` (served; ``_stage`` names it if missing), then every other model
+    folder in it, staged too so that the admin API loads them as it would from the folder itself."""
+    others = sorted(p for p in root.iterdir() if p.is_dir() and p.name != model and (p / "config.pbtxt").is_file()) if root.is_dir() else []
+    return {model: root / model, **{p.name: p for p in others}}
 
 
 def _loopback_ports(settings: Settings, *explicit: int | None) -> list[int]:
