@@ -14,7 +14,7 @@ from keyrank.config import Settings
 from keyrank.data.judged import from_trec
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, Scores
-from keyrank.training.planned import plan_query
+from keyrank.training.planned import plan_query, training_request
 from toy_judged import NEEDLES, tiny_bert, toy_trec
 
 
@@ -55,8 +55,8 @@ def test_the_answer_sits_past_token_512_where_only_keyb2_reads_it(trained, toy):
         doc = pipeline.tokenizer.encode_documents([judged.texts[relevant]])[0].ids
         first = next(i for i in range(len(doc)) if np.array_equal(doc[i : i + len(needle)], needle))
         assert first > 512
-        keyb2 = plan_query(pipeline, judged, "keyb2", "bm25")
-        firstp = plan_query(pipeline, judged, "firstp")
+        keyb2 = plan_query(pipeline, judged, training_request(pipeline, "keyb2", "bm25"))
+        firstp = plan_query(pipeline, judged, training_request(pipeline, "firstp"))
         assert _contains(keyb2.ids[keyb2.sequences(relevant)[0]], needle)
         assert not _contains(firstp.ids[firstp.sequences(relevant)[0]], needle)
 
@@ -79,7 +79,7 @@ def test_written_checkpoint_exports_and_its_onnx_scores_match_pytorch(trained, t
     prepare(str(trained.model_dir), tmp_path / "models", bi_encoder=None)
     pipeline = _pipeline(tmp_path / "models")
     judged = from_trec(*toy["trec"])[0]
-    inputs = plan_query(pipeline, judged, "keyb2", "bm25").model_inputs()
+    inputs = plan_query(pipeline, judged, training_request(pipeline, "keyb2", "bm25")).model_inputs()
     served = LocalScorer(tmp_path / "models" / "triton" / "cross_encoder" / "1" / "model.onnx", pad_id=pipeline.template.pad_id)
     onnx_scores = served.score_sync(inputs, want_pooled=False).logits
     probe = pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
@@ -133,7 +133,7 @@ def test_training_inputs_are_the_served_inputs(trained, toy, strategy, selector,
         recorder.seen.clear()
         served.rank(judged.query, list(judged.texts), strategy=strategy, selector=selector)
         (sent,) = recorder.seen
-        trained_on = plan_query(pipeline, judged, strategy, selector).model_inputs()
+        trained_on = plan_query(pipeline, judged, training_request(pipeline, strategy, selector)).model_inputs()
         assert len(sent) == len(trained_on) >= len(judged.texts)
         if overrides:  # two passes over long documents: more sequences than documents, trained on alike
             assert len(sent) > len(judged.texts)

@@ -83,8 +83,14 @@ def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], strategy: str, 
              cross_scorer=None, *, desc: str = "plan", progress: bool = True) -> list[PlannedQuery]:
     """Every query planned as the server would plan it, the options resolved once for all of them (a progress
     bar: a QMSum query group is ~12k tokens to cut and select)."""
-    resolved = pipeline.resolve(RerankOptions(strategy=planning_strategy(strategy), selector=selector))
+    resolved = training_request(pipeline, strategy, selector)
     return [plan_query(pipeline, q, resolved, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
+
+
+def training_request(pipeline: Pipeline, strategy: str, selector: str | None = None) -> Resolved:
+    """The request ``strategy`` (+ ``selector``) is trained on, resolved as the server resolves it (the planning
+    row for the trained PARADE aggregators)."""
+    return pipeline.resolve(RerankOptions(strategy=planning_strategy(strategy), selector=selector))
 
 
 @dataclass(frozen=True, slots=True)
