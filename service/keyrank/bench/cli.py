@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="--peers: threads of every system")
     parser.add_argument("--rounds", type=int, default=3, help="--peers: interleaved rounds (the median is reported)")
     parser.add_argument("--long-pairs", type=int, default=48, help="--peers: 512-token pairs (QMSum chunks)")
+    parser.add_argument("--peer-python", action="append", default=[], metavar="KEY=PYTHON",
+                        help="--peers: run the peer KEY (a glob, e.g. 'st-onnx*') in a worker process of PYTHON, an "
+                             "environment where its library installs (sentence-transformers' ONNX backend pins an older transformers)")
+    parser.add_argument("--systems", nargs="+", default=["*"], metavar="KEY",
+                        help="--peers: the systems to measure, by key or glob (keyrank-local is always measured)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -56,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.peers:
         from keyrank.bench import peers as mode_module
 
+        chosen = mode_module.select(args.systems)
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
-                                 long_pairs=args.long_pairs)
+                                 long_pairs=args.long_pairs, peers=chosen, peer_python=mode_module.peer_pythons(args.peer_python, chosen))
     else:
         from keyrank.bench import preprocessing as mode_module
 
