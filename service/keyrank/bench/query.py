@@ -29,6 +29,8 @@ from keyrank.bench.peers import SETTLE_S
 
 KEYRANK = (("keyb2", "bm25"), ("maxp", None))
 """keyrank's strategies in the comparison: the default (keyb2 with BM25) and the one the DIY baseline re-implements."""
+DEADLINE_S = 3600.0
+"""The deadline of one benchmark query (the serving default, 30 s, is for requests, not for measuring)."""
 DIY = "do-it-yourself MaxP, sentence-transformers backend=\"openvino\""
 
 
@@ -42,7 +44,8 @@ def keyrank_systems(model_dir: Path, threads: int, paths: Sequence[str], strateg
     from keyrank import Reranker
     from keyrank.config import get_settings
 
-    settings = get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)
+    # A 100 x 2k maxp query is ~800 sequences: minutes on 2 loaded cores, past the serving deadline.
+    settings = get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0, request_timeout_s=DEADLINE_S)
     out = {}
     for path in paths:
         if path == "local":
@@ -59,7 +62,7 @@ def keyrank_systems(model_dir: Path, threads: int, paths: Sequence[str], strateg
 
 def _ranker(reranker, strategy: str, selector: str | None):
     def rank(query: str, docs: list[str]) -> tuple[np.ndarray, dict]:
-        ranking = reranker.rank(query, docs, strategy=strategy, selector=selector, top_n=len(docs))
+        ranking = reranker.rank(query, docs, strategy=strategy, selector=selector, top_n=len(docs), timeout_s=DEADLINE_S)
         scores = np.empty(len(docs))
         for r in ranking.results:
             scores[r.index] = r.score
@@ -130,7 +133,7 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         quality_systems: Sequence[str] = ("keyb2", "diy"), settle_s: float = SETTLE_S) -> dict:
     """Speed (interleaved rounds of ``requests`` queries of ``candidates`` ~2k-token documents) and, unless
     ``quality_queries`` is 0, nDCG@10 on QMSum val of keyrank keyb2 in-process and the DIY baseline
-    (``quality_systems``: keyb2, maxp, diy)."""
+    (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run)."""
     import sys
 
     from keyrank.bench.workloads import candidate_documents
@@ -146,8 +149,8 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
     closers: list = []
     try:
         systems = {DIY: diy_system(checkpoint, threads)}
-        systems.update(keyrank_systems(model_dir, threads, paths, closers=closers))
-        for rank in systems.values():
+        systems.update(keyrank_systems(model_dir, threads, paths if rounds else ("local",), closers=closers))
+        for rank in systems.values() if rounds else ():
             rank(load[0][0], load[0][1][:4])  # warm-up: first shapes, lazy loads
         seconds = {name: [] for name in systems}
         stages: dict[str, list[dict]] = {name: [] for name in systems}
@@ -169,9 +172,9 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
     finally:
         for close in reversed(closers):
             close()
-    rows = summarize(seconds, requests, DIY)
+    rows = summarize(seconds, requests, DIY) if rounds else {name: {"profile_ms": {}} for name in quality_rows}
     for name, row in rows.items():
-        row["profile_ms"] = profile(stages[name])
+        row["profile_ms"] = profile(stages[name]) if rounds else {}
         if name in quality_rows:
             row["ndcg@10"] = quality_rows[name]["ndcg@10"]
     return {"threads": threads, "rounds": rounds, "requests_per_round": requests, "candidates": candidates,
@@ -198,5 +201,6 @@ def print_table(result: dict) -> None:
             twin = quality.get(name.replace("embedded Triton", "in-process"))
             ndcg = twin and twin["ndcg@10"]
         stages = ", ".join(f"{k} {v:.0f}" for k, v in p.items())
-        print(f"| {name} | {row['qps']:.3f} | {row.get('vs_diy', float('nan')):.2f}x | {'-' if sequences is None else f'{sequences:.0f}'} | "
+        qps = f"{row['qps']:.3f} | {row.get('vs_diy', float('nan')):.2f}x" if "qps" in row else "- | -"
+        print(f"| {name} | {qps} | {'-' if sequences is None else f'{sequences:.0f}'} | "
               f"{'-' if ndcg is None else f'{ndcg:.3f}'} | {stages} |")
