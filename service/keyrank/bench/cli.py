@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-python", action="append", default=[], metavar="KEY=PYTHON",
                         help="--peers: run the peer KEY (a glob, e.g. 'st-onnx*') in a worker process of PYTHON, an "
                              "environment where its library installs (sentence-transformers' ONNX backend pins an older transformers)")
+    parser.add_argument("--also", nargs="+", type=Path, default=[], metavar="MODEL_DIR",
+                        help="--peers: more prepared folders whose CPU variant runs in-process in the same rounds")
     parser.add_argument("--systems", nargs="+", default=["*"], metavar="KEY",
                         help="--peers: the systems to measure, by key or glob (keyrank-local is always measured)")
     parser.add_argument("--quality-queries", type=int, default=-1,
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
 
         chosen = mode_module.select(args.systems)
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
-                                 long_pairs=args.long_pairs, peers=chosen, peer_python=mode_module.peer_pythons(args.peer_python, chosen))
+                                 long_pairs=args.long_pairs, peers=chosen, peer_python=mode_module.peer_pythons(args.peer_python, chosen),
+                                 also=args.also)
     else:
         from keyrank.bench import preprocessing as mode_module
 

@@ -427,11 +427,18 @@ def agreement(reference: list[np.ndarray], other: list[np.ndarray]) -> float:
 
 def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, rounds: int = 3,
         long_pairs: int = 48, peers: Sequence[Peer] = PEERS, peer_python: dict[str, str] | None = None,
-        settle_s: float = SETTLE_S) -> dict:
+        settle_s: float = SETTLE_S, also: Sequence[Path] = ()) -> dict:
+    """``also``: more prepared folders whose CPU variant is measured in-process beside ``model_dir``'s
+    (e.g. openvino-bf16 and openvino-int8 in the same rounds)."""
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline
     from keyrank.prepare.variants import served_variant
 
+    from keyrank.prepare.variants import served_variant as _variant
+
+    extra = [Peer(f"keyrank local (in-process), {_variant(d).split(' ')[0]}", None, "keyrank",
+                  lambda _m, c, t, d=d: _keyrank_local(d, c, t), f"keyrank-local-{i + 2}") for i, d in enumerate(also)]
+    peers = [peers[0], *extra, *peers[1:]]
     tokenizer = Pipeline.from_model_dir(Settings(model_dir=model_dir)).tokenizer
     loads = workloads(datasets, tokenizer, long_pairs=long_pairs)
     peer_python = peer_python or {}
