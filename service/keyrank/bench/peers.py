@@ -23,10 +23,10 @@ import fnmatch
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -134,8 +135,6 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
     """Speed (interleaved rounds of ``requests`` queries of ``candidates`` ~2k-token documents) and, unless
     ``quality_queries`` is 0, nDCG@10 on QMSum val of keyrank keyb2 in-process and the DIY baseline
     (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run)."""
-    import sys
-
     from keyrank.bench.workloads import candidate_documents
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline
