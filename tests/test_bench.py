@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from keyrank.bench import CASES, run
 from shared_data import DATASETS
@@ -72,3 +73,30 @@ def test_gpu_bench_http_and_baseline_parts_run_end_to_end_on_cpu(prepared_models
         assert 0 < row["latency"]["p50_ms"] <= row["latency"]["p99_ms"] and row["saturation"]["qps"] > 0
     baseline = diy.measure(tmp_path / REPOSITORY / "cross_encoder" / "1" / "checkpoint", "cpu", [(queries[0], pool[:3])] * 2)
     assert baseline["qps"] > 0
+
+
+def test_query_bench_reports_the_median_round_as_queries_per_second_against_the_diy_baseline():
+    from keyrank.bench import query
+
+    seconds = {query.DIY: [40.0, 50.0, 45.0], "keyrank in-process, keyb2-bm25": [6.0, 5.0, 9.0]}
+    rows = query.summarize(seconds, queries_per_round=2, reference=query.DIY)
+    assert rows[query.DIY]["qps"] == pytest.approx(2 / 45.0) and rows[query.DIY]["vs_diy"] == 1.0
+    assert rows["keyrank in-process, keyb2-bm25"]["qps"] == pytest.approx(2 / 6.0)
+    assert rows["keyrank in-process, keyb2-bm25"]["vs_diy"] == pytest.approx(7.5)
+    assert query.profile([{"infer": 10.0, "sequences": 100}, {"infer": 30.0, "sequences": 100}, {"infer": 20.0, "select": 4.0,
+                                                                                                  "sequences": 100}]) == {
+        "infer": 20.0, "select": 0.0, "sequences": 100.0}
+
+
+def test_query_bench_quality_is_ndcg_at_10_of_the_eval_queries(monkeypatch):
+    """The quality column ranks `keyrank eval`'s QMSum val queries and scores them with ir-measures: a system
+    that ranks every query's relevant segment first gets 1.0, one that ranks it last less."""
+    from keyrank.bench import query
+    from keyrank.data.queries import Candidate, EvalQuery
+    from keyrank.evaluation import tasks
+
+    q = EvalQuery("q1", "budget", [Candidate(d, d) for d in ("a", "b", "c")], {"b": 1}, "0-512")
+    monkeypatch.setattr(tasks, "build", lambda *a, **k: [q])
+    rows = query.quality({"oracle": lambda _q, docs: (np.array([t == "b" for t in docs], float), {}),
+                          "worst": lambda _q, docs: (np.array([t != "b" for t in docs], float), {})}, DATASETS, None)
+    assert rows["oracle"]["ndcg@10"] == 1.0 and rows["worst"]["ndcg@10"] == pytest.approx(0.5)

@@ -4,6 +4,8 @@ anyone is fast: that is what the bench measures (docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from keyrank.bench import peers
@@ -78,3 +80,44 @@ def test_every_bench_option_says_its_default(capsys):
     assert len(blocks) >= 15
     for block in blocks:
         assert "(default:" in " ".join(block.split()), block.split()[0]
+
+
+def test_each_row_says_how_far_its_scores_are_from_fp32_in_logits():
+    fp32 = [np.array([3.0, 1.0, -2.0]), np.array([0.5, 0.1])]
+    bf16 = [np.array([3.02, 0.99, -2.0]), np.array([0.5, 0.06])]
+    assert peers.fp32_difference(fp32, bf16) == pytest.approx(0.04)
+    # flashrank returns sigmoid(logit): mapped back before the difference, so the same logits differ by ~0
+    assert peers.fp32_difference(fp32, [1 / (1 + np.exp(-s)) for s in fp32], probability=True) < 1e-9
+
+
+def test_systems_are_chosen_by_key_with_keyrank_in_process_always_first():
+    chosen = peers.select(["st-onnx*", "flashrank"])
+    assert [p.key for p in chosen] == ["keyrank-local", "st-onnx", "st-onnx-o3", "st-onnx-qint8", "flashrank"]
+    assert peers.select(["*"]) == list(peers.PEERS)
+    with pytest.raises(SystemExit, match="no system matched"):
+        peers.select(["no-such-peer"])
+    assert len({p.key for p in peers.PEERS}) == len(peers.PEERS) and all(p.key for p in peers.PEERS)
+    assert any(p.key == peers.FP32_REFERENCE for p in peers.PEERS)
+
+
+def test_a_peer_runs_under_another_interpreter_by_key_or_glob():
+    assert peers.peer_pythons(["st-onnx*=/opt/onnx/bin/python"]) == dict.fromkeys(["st-onnx", "st-onnx-o3", "st-onnx-qint8"], "/opt/onnx/bin/python")
+    with pytest.raises(SystemExit, match="KEY=PYTHON"):
+        peers.peer_pythons(["st-onnx"])
+    # a peer run elsewhere is not looked for here
+    absent = Peer("elsewhere", "keyrank_no_such_module_for_tests", "x", lambda *_: None, "far")
+    assert peers.available([absent], {"far": "/opt/x/bin/python"}) == ([absent], {})
+
+
+def test_a_worker_process_scores_groups_line_by_line(monkeypatch, tmp_path):
+    import sys
+
+    fake = Peer("fake", None, "keyrank", lambda *_: (lambda groups: [np.arange(len(docs), dtype=float) for _, docs in groups]), "fake")
+    monkeypatch.setattr(peers, "PEERS", (fake,))
+    monkeypatch.setattr(sys, "stdin", iter(['[["q", ["a", "b", "c"]]]\n', '[["q", ["a"]], ["r", ["b", "c"]]]\n']))
+    out = tmp_path / "out"
+    with out.open("w") as handle:
+        monkeypatch.setattr(sys, "stdout", handle)
+        assert peers.worker(["fake", "models", "checkpoint", "2"]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines == [{"ready": True}, {"scores": [[0.0, 1.0, 2.0]]}, {"scores": [[0.0], [0.0, 1.0]]}]

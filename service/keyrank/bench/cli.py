@@ -22,16 +22,30 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--buckets", action="store_true", help="fixed vs per-request length buckets")
     mode.add_argument("--gpu", action="store_true", help="the GPU figures (CPU parts only without CUDA)")
     mode.add_argument("--peers", action="store_true", help="CPU scoring against sentence-transformers, fastembed, flashrank (the 'peers' extra)")
-    parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings (default mode); candidates per request (--cache, --processes: 100)")
+    mode.add_argument("--query", action="store_true",
+                      help="the whole query on CPU: keyb2 and maxp (in-process, embedded Triton) against do-it-yourself MaxP "
+                           "with sentence-transformers' OpenVINO backend; queries/s and nDCG@10 on QMSum val")
+    parser.add_argument("--docs", type=int, default=20, help="QMSum val meetings (default mode); candidates per request (--cache, --processes, --query: 100)")
     parser.add_argument("--max-chars", type=int, default=60_000, help="characters kept per meeting (default mode)")
     parser.add_argument("--repeats", type=int, default=5, help="measurements per figure (the median is reported)")
     parser.add_argument("--workers", type=int, default=0, help="processes for --processes / the CPU ceiling; 0 = the usable cores")
-    parser.add_argument("--requests", type=int, default=0, help="requests per measurement (--processes, --buckets, --gpu); 0 = the mode's default")
+    parser.add_argument("--requests", type=int, default=0, help="requests per measurement (--processes, --buckets, --gpu, --query: per round); 0 = the mode's default")
     parser.add_argument("--checkpoint", type=Path, default=Path("../shared/models/ce-minilm-l6"),
-                        help="--peers: the Hugging Face folder the peers load (the one --model-dir was prepared from)")
-    parser.add_argument("--threads", type=int, default=2, help="--peers: threads of every system")
-    parser.add_argument("--rounds", type=int, default=3, help="--peers: interleaved rounds (the median is reported)")
+                        help="--peers, --query: the Hugging Face folder the peers load (the one --model-dir was prepared from)")
+    parser.add_argument("--threads", type=int, default=2, help="--peers, --query: threads of every system")
+    parser.add_argument("--rounds", type=int, default=3, help="--peers, --query: interleaved rounds (the median is reported)")
     parser.add_argument("--long-pairs", type=int, default=48, help="--peers: 512-token pairs (QMSum chunks)")
+    parser.add_argument("--peer-python", action="append", default=[], metavar="KEY=PYTHON",
+                        help="--peers: run the peer KEY (a glob, e.g. 'st-onnx*') in a worker process of PYTHON, an "
+                             "environment where its library installs (sentence-transformers' ONNX backend pins an older transformers)")
+    parser.add_argument("--also", nargs="+", type=Path, default=[], metavar="MODEL_DIR",
+                        help="--peers: more prepared folders whose CPU variant runs in-process in the same rounds")
+    parser.add_argument("--systems", nargs="+", default=["*"], metavar="KEY",
+                        help="--peers: the systems to measure, by key or glob (keyrank-local is always measured)")
+    parser.add_argument("--quality-queries", type=int, default=-1,
+                        help="--query: QMSum val queries for nDCG@10 (-1 = all 237, 0 = speed only)")
+    parser.add_argument("--quality-systems", nargs="+", default=["keyb2", "diy"], choices=("keyb2", "maxp", "diy"),
+                        help="--query: the systems whose nDCG@10 is measured (maxp costs as much as the DIY baseline)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -53,11 +67,20 @@ def main(argv: list[str] | None = None) -> int:
 
         result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 100, workers=args.workers,
                                  candidates=_or(args.docs, 20, 100))
+    elif args.query:
+        from keyrank.bench import query as mode_module
+
+        result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
+                                 candidates=_or(args.docs, 20, 100), requests=args.requests or 2,
+                                 quality_queries=None if args.quality_queries < 0 else args.quality_queries,
+                                 quality_systems=args.quality_systems)
     elif args.peers:
         from keyrank.bench import peers as mode_module
 
+        chosen = mode_module.select(args.systems)
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
-                                 long_pairs=args.long_pairs)
+                                 long_pairs=args.long_pairs, peers=chosen, peer_python=mode_module.peer_pythons(args.peer_python, chosen),
+                                 also=args.also)
     else:
         from keyrank.bench import preprocessing as mode_module
 

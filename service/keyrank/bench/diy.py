@@ -1,7 +1,7 @@
-"""The do-it-yourself baseline of `keyrank bench --gpu`: what a user writes instead of keyrank.
+"""The do-it-yourself baseline of `keyrank bench --gpu` and `--query`: what a user writes instead of keyrank.
 
-sentence-transformers' ``CrossEncoder`` on the same checkpoint, fp16, in-process
-on the same device; MaxP by hand: each document cut into token windows that fit
+sentence-transformers' ``CrossEncoder`` on the same checkpoint, in-process on the same device (fp16 on a
+GPU; on CPU the backend the user picks, ``openvino`` being the fastest of `keyrank bench --peers`); MaxP by hand: each document cut into token windows that fit
 next to the query (half-window stride, at most 64 windows, as keyrank's maxp),
 every (query, window) pair scored with ``predict``, a document's score = its best
 window. Same requests as keyrank's, one after another (it has no server).
@@ -19,10 +19,22 @@ import numpy as np
 class DiyMaxP:
     """CrossEncoder + hand-written MaxP chunking."""
 
-    def __init__(self, checkpoint: Path, device: str, batch_size: int = 64, max_windows: int = 64):
+    def __init__(self, checkpoint: Path, device: str, batch_size: int = 64, max_windows: int = 64, *,
+                 backend: str = "torch", threads: int = 0):
         from sentence_transformers import CrossEncoder
 
-        self.model = CrossEncoder(str(checkpoint), device=device, max_length=512)
+        kwargs: dict = {}
+        if device == "cpu" and threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        if backend == "openvino":
+            kwargs = {"backend": "openvino", "model_kwargs": {"ov_config": {"INFERENCE_NUM_THREADS": threads}} if threads else {}}
+        elif device == "cpu":
+            import torch
+
+            kwargs = {"model_kwargs": {"dtype": torch.float32}}  # the checkpoint's config says fp16
+        self.model = CrossEncoder(str(checkpoint), device=device, max_length=512, **kwargs)
         if device.startswith("cuda"):
             self.model.model.half()  # the fp16 a user would turn on
         self.tokenizer = self.model.tokenizer
@@ -41,15 +53,23 @@ class DiyMaxP:
 
     def rank(self, query: str, docs: Sequence[str]) -> np.ndarray:
         """One score per document: the best window's."""
+        return self.rank_timed(query, docs)[0]
+
+    def rank_timed(self, query: str, docs: Sequence[str]) -> tuple[np.ndarray, dict]:
+        """``rank`` and where its time went: ms cutting windows (tokenize), ms in ``predict`` (which
+        tokenizes the pairs again and runs the model), and the number of windows scored."""
+        t0 = time.perf_counter()
         pairs, owner = [], []
         for i, doc in enumerate(docs):
             for window in self.windows(query, doc):
                 pairs.append((query, window))
                 owner.append(i)
+        t1 = time.perf_counter()
         scores = np.asarray(self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False), dtype=np.float32).reshape(len(pairs), -1)[:, -1]
+        t2 = time.perf_counter()
         best = np.full(len(docs), -np.inf, dtype=np.float32)
         np.maximum.at(best, np.asarray(owner), scores)
-        return best
+        return best, {"windows": (t1 - t0) * 1e3, "predict": (t2 - t1) * 1e3, "sequences": len(pairs)}
 
 
 def measure(checkpoint: Path, device: str, requests: Sequence[tuple[str, list[str]]]) -> dict:

@@ -12,6 +12,8 @@ The exported ``model.onnx`` (fp32, unfused, what the GPU repository serves) is t
 - ``openvino-bf16``: the fp32 export unchanged, run by OpenVINO's CPU plugin in bfloat16 where the CPU
   has it (scoring/openvino.py); ``openvino``: the same in fp32. Nothing is built: the served folder gets
   a ``runtime.json`` that both CPU paths read.
+- ``openvino-int8``: NNCF post-training int8, calibrated on training pairs (prepare/int8.py), a QDQ graph
+  OpenVINO runs with int8 MatMuls and the rest as ``openvino-bf16``.
 
 The gate scores real pairs (``gate_groups``: DL20 passages and 512-token QMSum train chunks from the
 judged data, ``--gate-datasets``, when present, else the export's built-in check pairs) with the fp32 reference and the
@@ -35,7 +37,7 @@ from keyrank.errors import KeyrankError
 
 log = logging.getLogger(__name__)
 
-VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective", "openvino", "openvino-bf16")
+VARIANTS: tuple[str, ...] = ("fp32", "fused", "int8", "int8-selective", "openvino", "openvino-bf16", "openvino-int8")
 """Every CPU variant `keyrank prepare --cpu-variant` can build, reference first."""
 AUTO = "auto"
 """The default choice, the fastest that passes the gate (docs/PERFORMANCE.md, section 7): ``auto_candidates``
@@ -45,8 +47,17 @@ AUTO_CHOICE = "fused"
 """What ``auto`` builds without OpenVINO (where the family is fused)."""
 AUTO_BF16 = "openvino-bf16"
 """What ``auto`` tries first where the CPU computes bfloat16: 2.1x fused on 512-token pairs here."""
-OPENVINO = {"openvino": "f32", "openvino-bf16": "bf16"}
-"""The variants OpenVINO runs, and the precision each asks of it."""
+AUTO_INT8 = "openvino-int8"
+"""The calibrated int8 variant: fast int8 CPUs (VNNI, AMX), served when asked for by name."""
+INT8_NOT_IN_AUTO = ("not tried by auto: it passes the gate, but its nDCG@10 on a full split is outside 0.005 of fp32 "
+                    "(ce-minilm-l6, keyb2-bm25, QMSum val: -0.007 [-0.013, -0.003]; docs/PERFORMANCE.md section 7); "
+                    "ask for it with --cpu-variant openvino-int8")
+"""Why ``auto`` does not serve ``openvino-int8``, written into the manifest: the gate is necessary, the
+ranking on full splits decides, and int8 lost more than the bound there."""
+OPENVINO = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "bf16"}
+"""The variants OpenVINO runs, and the precision each asks of it (int8: of the operations left in floating point)."""
+BUILT_FOR_OPENVINO = frozenset({"openvino-int8"})
+"""OpenVINO variants with a model of their own (the others serve the fp32 export as it is)."""
 EXACT = frozenset({"fp32", "fused", "openvino"})
 """Variants that compute the same function: held to the export's ``atol`` on every score."""
 FUSION_FAMILIES = frozenset({"bert", "electra", "distilbert", "roberta", "xlm-roberta", "camembert"})
@@ -87,7 +98,11 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     optimizer guess from the graph, which misses the attention fusion of torch exports). Up to date (same variant, export and gate): nothing
     is redone. A refused variant leaves nothing behind and raises ``VariantRefused``."""
     if variant == AUTO:
+        from keyrank.scoring import openvino
+
         reasons, refused = [], None
+        if openvino.available():  # said in the manifest: why the int8 variant is not served
+            reasons.append(f"{AUTO_INT8}: {INT8_NOT_IN_AUTO}")
         for candidate in auto_candidates(ce_entry["family"]):
             try:
                 entry, path = prepare_cpu(out, ce_entry, fp32, gateway, candidate, datasets, atol, force, heads)
@@ -106,6 +121,8 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
     key = {"variant": variant, "gate_version": GATE_VERSION, "of": ce_entry["fingerprint"], "atol": atol}
     target = out / "cpu" / ce_entry["triton_model"] / f"model.{variant}.onnx"
     old = ce_entry.get("cpu") or {}
+    if variant in BUILT_FOR_OPENVINO:
+        return _prepare_openvino_int8(variant, key, old, ce_entry, fp32, target, gateway, datasets, atol, force), target
     if variant in OPENVINO:
         return _prepare_openvino(variant, key, old, ce_entry, fp32, gateway, datasets, atol, force), fp32
     if not force and all(old.get(k) == v for k, v in key.items()) and target.exists():
@@ -123,9 +140,10 @@ def prepare_cpu(out: Path, ce_entry: dict, fp32: Path, gateway: Path, variant: s
 
 
 def auto_candidates(family: str) -> list[str]:
-    """What ``auto`` tries, fastest first (measured on this project's 2-core AMD EPYC, 512-token pairs,
-    docs/PERFORMANCE.md section 7): ``openvino-bf16`` where the CPU computes bfloat16 (2.1x fused),
-    ``openvino`` where OpenVINO is installed (fp32, 1.2x fused), ``fused`` where the family is fused."""
+    """What ``auto`` tries, fastest first (512-token pairs, docs/PERFORMANCE.md section 7):
+    ``openvino-bf16`` where the CPU computes bfloat16 (2.1x fused), ``openvino`` where OpenVINO is
+    installed (fp32, 1.2x fused), ``fused`` where the family is fused. Not ``openvino-int8``
+    (``INT8_NOT_IN_AUTO``)."""
     from keyrank.scoring import openvino
 
     candidates = [AUTO_BF16] if openvino.bf16_supported() else []
@@ -134,6 +152,62 @@ def auto_candidates(family: str) -> list[str]:
     if family in FUSION_FAMILIES:
         candidates.append(AUTO_CHOICE)
     return candidates
+
+
+def int8_possible(datasets: Path | None) -> str | None:
+    """Why ``openvino-int8`` cannot be tried here (None when it can): OpenVINO, NNCF, a CPU with fast int8
+    (VNNI/AMX, which OpenVINO lists as INT8) and the training pairs to calibrate on."""
+    import importlib.util
+
+    from keyrank.scoring import openvino
+
+    if not openvino.available():
+        return "OpenVINO is not installed"
+    if importlib.util.find_spec("nncf") is None:
+        return "NNCF is not installed (pip install 'keyrank[export]')"
+    caps = _cpu_capabilities()
+    if "INT8" not in caps:
+        return f"this CPU has no fast int8 (OpenVINO lists {', '.join(caps)})"
+    if datasets is None or not (Path(datasets) / "qmsum" / "train").is_dir():
+        return f"no training pairs to calibrate on under {datasets} (qmsum/train)"
+    return None
+
+
+def _cpu_capabilities() -> list[str]:
+    import openvino as ov
+
+    return list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def _prepare_openvino_int8(variant: str, key: dict, old: dict, ce_entry: dict, fp32: Path, target: Path, gateway: Path,
+                           datasets: Path | None, atol: float, force: bool) -> dict:
+    """The calibrated int8 graph (prepare/int8.py), built beside the other CPU models and gated on OpenVINO."""
+    from keyrank.prepare import int8
+    from keyrank.prepare.cross_encoder import serving_tokenizer
+    from keyrank.scoring import openvino
+    from keyrank.template import InputTemplate
+
+    why_not = int8_possible(datasets)
+    if why_not:
+        raise KeyrankError(f"CPU variant {variant!r} cannot be built here: {why_not}")
+    runtime = {"runtime": "openvino", "precision": OPENVINO[variant]}
+    here = openvino.precision_here(runtime["precision"])
+    if (not force and all(old.get(k) == v for k, v in key.items()) and old.get("runtime") == runtime
+            and old.get("computed_in") == here and target.exists()):
+        return old
+    template = InputTemplate.from_json(ce_entry["template"])
+    feeds, calibrated_on = int8.calibration_feeds(datasets, serving_tokenizer(gateway / "tokenizer.json", template), template)
+    groups, source = _gate_pairs(ce_entry, gateway, datasets)
+    tmp = target.with_name(target.name + ".tmp")
+    try:
+        made = int8.quantize(fp32, tmp, feeds, ignored=int8.KEPT_FLOAT)
+        report = check(variant, fp32, tmp, groups, source, atol, runtime=runtime)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, target)
+    return {**key, "runtime": runtime, "computed_in": here, **made, "calibrated_on": calibrated_on,
+            "bytes": target.stat().st_size, "gate": report}
 
 
 def _prepare_openvino(variant: str, key: dict, old: dict, ce_entry: dict, fp32: Path, gateway: Path,

@@ -109,13 +109,13 @@ def open_session(path: str | Path, *, threads: int = 0, runtime: dict | None = N
 
 
 def _openvino_here(onnx_path: str | Path) -> bool:
-    """OpenVINO is installed; else the model (the fp32 export: openvino variants serve it unchanged)
-    runs on ONNX Runtime with the same scores as fp32, said in the log."""
+    """OpenVINO is installed; else the model runs on ONNX Runtime, said in the log: the fp32 export (which
+    openvino and openvino-bf16 serve unchanged) with fp32's scores, openvino-int8's QDQ graph in int8."""
     from keyrank.scoring.openvino import available
 
     if available():
         return True
     logging.getLogger(__name__).warning(
         "%s was prepared for OpenVINO, which is not installed (pip install 'keyrank[embedded]'): "
-        "running it on ONNX Runtime in fp32", onnx_path)
+        "running it on ONNX Runtime", onnx_path)
     return False
