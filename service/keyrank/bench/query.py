@@ -109,10 +109,12 @@ def profile(stages: list[dict]) -> dict[str, float]:
 def quality(systems: dict[str, Callable], datasets: Path, tokenizer, *, max_queries: int | None = None,
             progress: Callable[[str], None] = lambda _: None) -> dict[str, dict]:
     """nDCG@10 (ir-measures) of each system on QMSum val, the queries `keyrank eval --task qmsum` builds (seed 0)."""
+    from keyrank.data import qmsum
+    from keyrank.data.queries import subsample
     from keyrank.data.runs import QueryRun, per_query
-    from keyrank.evaluation.tasks import build
 
-    queries = build("qmsum", datasets, tokenizer, split="val", seed=0, max_queries=max_queries)
+    # What `keyrank eval --task qmsum` builds (evaluation/tasks.py), from the data room: the tools never import one another.
+    queries = subsample(qmsum.build(datasets, tokenizer, split="val", seed=0), max_queries, 0)
     out = {}
     for name, rank in systems.items():
         runs, started = [], time.perf_counter()
