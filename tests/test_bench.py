@@ -92,11 +92,11 @@ def test_query_bench_quality_is_ndcg_at_10_of_the_eval_queries(monkeypatch):
     """The quality column ranks `keyrank eval`'s QMSum val queries and scores them with ir-measures: a system
     that ranks every query's relevant segment first gets 1.0, one that ranks it last less."""
     from keyrank.bench import query
+    from keyrank.data import qmsum
     from keyrank.data.queries import Candidate, EvalQuery
-    from keyrank.evaluation import tasks
 
     q = EvalQuery("q1", "budget", [Candidate(d, d) for d in ("a", "b", "c")], {"b": 1}, "0-512")
-    monkeypatch.setattr(tasks, "build", lambda *a, **k: [q])
+    monkeypatch.setattr(qmsum, "build", lambda *a, **k: [q])
     rows = query.quality({"oracle": lambda _q, docs: (np.array([t == "b" for t in docs], float), {}),
                           "worst": lambda _q, docs: (np.array([t != "b" for t in docs], float), {})}, DATASETS, None)
     assert rows["oracle"]["ndcg@10"] == 1.0 and rows["worst"]["ndcg@10"] == pytest.approx(0.5)
