@@ -20,16 +20,18 @@ hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "keyrank")
 
 @pytest.fixture(scope="session")
 def prepared_models() -> Path:
-    """`keyrank prepare` of the real cross-encoder (and bi-encoder) into the repository's models/.
+    """`keyrank prepare` of the real cross-encoder (and bi-encoder) into the repository's models-test/.
 
     Idempotent: the first test run exports (~30 s), later ones only verify fingerprints (<1 s).
     ``KEYRANK_TEST_MODEL_DIR`` points the tests at another directory (prepared there if needed).
+    Not models/: that is what `make run` serves, prepared with the CPU variant `auto` picks, and a test
+    run must not change it.
     """
     if not CE_MODEL.is_dir():
         pytest.skip(f"real cross-encoder not found at {CE_MODEL}")
     from keyrank.prepare.export import prepare
 
-    out = Path(os.environ.get("KEYRANK_TEST_MODEL_DIR", REPO / "models"))
+    out = Path(os.environ.get("KEYRANK_TEST_MODEL_DIR", REPO / "models-test"))
     # The fused CPU variant, which computes fp32's function: the suite compares scores with fp32 references
     # (golden scores, sentence-transformers) at 1e-4. The default on a bf16 CPU, openvino-bf16, has its
     # own tests (test_openvino.py).
