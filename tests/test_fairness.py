@@ -16,6 +16,7 @@ import pytest
 from keyrank.admission import AdmissionQueue
 from keyrank.config import Settings
 from keyrank.errors import Overloaded
+from keyrank.scoring import fairness
 from keyrank.scoring.fairness import FairGate
 from live_gateway import live_gateway
 
@@ -85,6 +86,62 @@ def test_a_cancelled_waiter_leaves_the_queue_and_its_turn_passes_on():
 
 
 # --------------------------------------------------------------------------- admission's reserve
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_gate_measures_what_its_slots_drain_over_busy_time_only(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(fairness, "time", clock)
+
+    async def scenario():
+        gate, order, release = FairGate(slots=2, heavy_slots=2), [], asyncio.Event()
+        assert gate.pace.rows(0.05, 512, 32) == 1  # nothing measured yet: one sequence
+        a = asyncio.create_task(_hold(gate, 100, True, order, release, "a"))
+        b = asyncio.create_task(_hold(gate, 100, True, order, release, "b"))
+        await asyncio.sleep(0)
+        clock.now += 0.25  # both in flight: a quarter second of busy time, counted once
+        release.set()
+        await asyncio.gather(a, b)
+        clock.now += 10.0  # idle: not busy time
+        assert gate.busy_seconds() == pytest.approx(0.25)
+        gate.pace.done(4096)  # under the 0.5 s window: no figure yet
+        assert gate.pace.tokens_per_s is None
+        release.clear()
+        c = asyncio.create_task(_hold(gate, 100, True, order, release, "c"))
+        await asyncio.sleep(0)
+        clock.now += 0.25
+        gate.pace.done(4096)  # 8192 tokens in 0.5 busy seconds
+        release.set()
+        await c
+        return gate
+
+    gate = _run(scenario())
+    assert gate.pace.tokens_per_s == pytest.approx(16384)
+    assert gate.pace.rows(0.05, 512, 32) == 1  # 819 tokens in 50 ms: one 512-token row
+    assert gate.pace.rows(0.25, 512, 32) == 8 and gate.pace.rows(0.25, 128, 32) == 32 and gate.pace.rows(1, 512, 4) == 4
+
+
+def test_a_small_batch_marks_the_gate_and_a_heavy_one_does_not(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(fairness, "time", clock)
+
+    async def scenario():
+        gate, order, release = FairGate(slots=2, heavy_slots=1), [], asyncio.Event()
+        release.set()
+        await _hold(gate, 100, True, order, release, "heavy")
+        assert not gate.small_seen_within(1.0)
+        await _hold(gate, 3, False, order, release, "small")
+        clock.now += 0.5
+        assert gate.small_seen_within(1.0) and not gate.small_seen_within(0.4)
+
+    _run(scenario())
 
 
 def test_small_requests_are_admitted_from_their_reserve_while_a_heavy_one_fills_the_bound():

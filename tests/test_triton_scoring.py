@@ -414,3 +414,47 @@ def test_scorer_is_not_ready_on_a_triton_that_is_not_the_expected_one(embedded_t
 
     assert asyncio.run(ready_as(embedded_triton.server_id)) is True
     assert asyncio.run(ready_as("someone-else")) is False
+
+
+@pytest.mark.triton
+def test_a_heavy_requests_batches_are_sized_when_granted_and_answer_as_any_others(embedded_triton, onnx_session, sequences):
+    """Heavy (costlier than small_sequences): pieces of one sequence joined into batches as slots are granted,
+    one sequence while a small request is about, else what the server drains in heavy_batch_s (measured);
+    every score back at its row."""
+    from keyrank.scoring.fairness import costing
+
+    ids, types, pad_id = sequences
+    ids, types = ids * 3, types * 3  # 63 sequences: enough busy time for the gate to measure its pace
+    want_logits, _ = _reference(onnx_session, ids[:21], types[:21])
+    sent: list[int] = []
+
+    async def body():
+        scorer = TritonScorer(embedded_triton.grpc_url, model="cross_encoder", pad_id=pad_id, batch_size=32,
+                              max_in_flight=4, small_sequences=16, heavy_in_flight=2, heavy_batch_s=10.0, heavy_yield_s=60.0)
+        infer = scorer._infer
+
+        async def counting(client, gate, batch, *args):
+            sent.append(batch.rows.size)
+            return await infer(client, gate, batch, *args)
+
+        scorer._infer = counting
+        try:
+            inputs = ModelInputs(list(ids), list(types))
+            with costing(100):
+                first = await scorer.score(inputs, want_pooled=False, deadline=time.monotonic() + 120)
+            alone = list(sent)
+            sent.clear()
+            with costing(3):  # a small request: from now on heavy batches yield (heavy_yield_s)
+                await scorer.score(ModelInputs(ids[:2], types[:2]), want_pooled=False, deadline=time.monotonic() + 60)
+            sent.clear()
+            with costing(100):
+                second = await scorer.score(inputs, want_pooled=False, deadline=time.monotonic() + 120)
+            return first.logits, second.logits, alone, list(sent)
+        finally:
+            await scorer.close()
+
+    first, second, alone, yielding = asyncio.run(body())
+    for logits in (first, second):
+        np.testing.assert_allclose(logits, np.tile(want_logits, 3), atol=1e-4, rtol=0)
+    assert sum(alone) == 63 and alone[0] == 1 and max(alone) > 1  # one sequence until the pace is measured
+    assert yielding == [1] * 63

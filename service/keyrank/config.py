@@ -95,8 +95,10 @@ class Settings(BaseSettings):
 
     # --- fairness (scoring/fairness.py: small requests never wait behind a heavy one) ----------
     small_request_sequences: float = Field(16.0, gt=0, description="A request estimated at most this many cross-encoder sequences is small: it is admitted from a reserve heavy requests cannot fill (a quarter of the admission bound), and its batches are scored ahead of costlier requests' (shortest expected first, Triton priority 1).")
-    heavy_batch_size: int | None = Field(None, ge=1, description="Sequences per Triton request of a heavy (not small) request: a small request arriving behind it waits for one such batch. Unset = 1 on the embedded CPU Triton, triton_batch_size on an external Triton (a GPU wants full batches).")
-    heavy_in_flight: int | None = Field(None, ge=1, description="Triton requests of heavy requests in flight at once per gateway process. Unset = 1 on the embedded CPU Triton, triton_max_in_flight on an external Triton.")
+    heavy_batch_size: int | None = Field(None, ge=1, description="Sequences per Triton request of a heavy (not small) request, fixed. Unset = sized when the batch's slot is granted on the embedded CPU Triton (what it drains in KEYRANK_HEAVY_BATCH_MS, one sequence while small requests are about), triton_batch_size on an external Triton (a GPU wants full batches).")
+    heavy_batch_ms: float = Field(50.0, gt=0, description="How long one batch of a heavy request may keep the model server, when heavy batches are sized (KEYRANK_HEAVY_BATCH_SIZE unset on the embedded Triton): a small request arriving behind it waits about this long at most.")
+    heavy_yield_s: float = Field(1.0, ge=0, description="After a small request's batch, sized heavy batches are one sequence each for this long (0 = never).")
+    heavy_in_flight: int | None = Field(None, ge=1, description="Triton requests of heavy requests in flight at once per gateway process. Unset = 2 on the embedded CPU Triton (one runs, one waits in Triton's queue behind small ones, so the model server never idles between them), triton_max_in_flight on an external Triton.")
 
     # --- request limits (each a named 4xx) ----------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, description="Largest accepted request body (413).")

@@ -144,9 +144,11 @@ class Reranker:
             max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
             small_sequences=settings.small_request_sequences,
             # The embedded CPU Triton runs one batch at a time: a small request behind a heavy one waits for
-            # the batch running now, so heavy requests send one sequence at a time there (docs/RELIABILITY.md).
-            heavy_batch_size=settings.heavy_batch_size or (1 if embedded else settings.triton_batch_size),
-            heavy_in_flight=settings.heavy_in_flight or (1 if embedded else settings.triton_max_in_flight),
+            # the batch running now, so heavy requests send short batches there, sized when their slot is
+            # granted, two in flight (docs/RELIABILITY.md, "Fairness").
+            heavy_batch_size=settings.heavy_batch_size or (None if embedded else settings.triton_batch_size),
+            heavy_in_flight=settings.heavy_in_flight or (2 if embedded else settings.triton_max_in_flight),
+            heavy_batch_s=settings.heavy_batch_ms / 1000, heavy_yield_s=settings.heavy_yield_s,
         )
 
     # --- the pipeline -------------------------------------------------------------

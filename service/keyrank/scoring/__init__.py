@@ -87,9 +87,24 @@ class Batch:
     """int64 [N, L] 1 on the sequence, 0 on padding."""
 
     @property
+    def width(self) -> int:
+        """The padded length."""
+        return int(self.input_ids.shape[1])
+
+    @property
     def bucket(self) -> str:
         """The padded length, as the metrics label."""
-        return str(self.input_ids.shape[1])
+        return str(self.width)
+
+    @staticmethod
+    def join(batches: Sequence[Batch]) -> Batch:
+        """One batch of the rows of batches of one width."""
+        if len(batches) == 1:
+            return batches[0]
+        if len({b.width for b in batches}) != 1:
+            raise ValueError(f"cannot join batches of widths {sorted({b.width for b in batches})}")
+        return Batch(*(np.concatenate([getattr(b, f) for b in batches])
+                       for f in ("rows", "input_ids", "token_type_ids", "attention_mask")))
 
     def feeds(self) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}

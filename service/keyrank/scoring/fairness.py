@@ -9,9 +9,12 @@ sends to the model server:
 - the order: a free slot goes to the waiting batch of the cheapest request
   (shortest expected first, first come first served among equals);
 - how much a heavy request (costlier than ``small_sequences``) may hold: at most
-  ``heavy_slots`` batches in flight at once, each of ``heavy_batch`` sequences,
-  so that a small request arriving behind it waits for one short batch, not for
-  the heavy request's whole queue of full batches;
+  ``heavy_slots`` batches in flight at once, each as long as the gate measures the
+  model server drains in ``heavy_batch_s`` (``Pace``), cut to one sequence while
+  small requests are about (``small_seen_within``): a small request arriving behind
+  it waits for one short batch, not for the heavy request's whole queue of full
+  batches, and a heavy request alone keeps the model server as busy as full
+  batches would (scoring/triton.py sizes the batch when its slot is granted);
 - and at the model server, the batch's priority level (1 = small, 2 = heavy),
   so that Triton's own queue lets small batches pass heavy ones too.
 
@@ -25,6 +28,7 @@ import asyncio
 import bisect
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
 
@@ -61,17 +65,36 @@ class FairGate:
         """Batches of heavy requests in flight now."""
         self._waiting: list[tuple[float, int, bool, asyncio.Future[None]]] = []  # sorted by (cost, arrival)
         self._arrivals = itertools.count()
+        self.last_small: float = float("-inf")
+        """``time.monotonic()`` when a small request's batch last asked for a slot."""
+        self.pace = Pace(self.busy_seconds)
+        """What the slots drain (tokens per busy second), measured from the batches that finish."""
+        self._busy_since: float | None = None
+        self._busy_total = 0.0
+
+    def busy_seconds(self) -> float:
+        """Wall time so far with at least one batch in flight."""
+        ongoing = time.monotonic() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_total + ongoing
+
+    def small_seen_within(self, seconds: float) -> bool:
+        """A small request's batch asked for a slot in the last ``seconds``."""
+        return time.monotonic() - self.last_small < seconds
 
     def _may_take(self, heavy: bool) -> bool:
         return self.busy < self.slots and (not heavy or self.heavy_busy < self.heavy_slots)
 
     def _take(self, heavy: bool) -> None:
+        if self.busy == 0:
+            self._busy_since = time.monotonic()
         self.busy += 1
         self.heavy_busy += heavy
 
     @contextlib.asynccontextmanager
     async def slot(self, cost: float, heavy: bool) -> AsyncIterator[None]:
         """Hold one slot for the block; waits behind cheaper requests' batches."""
+        if not heavy:
+            self.last_small = time.monotonic()
         if self._may_take(heavy):  # then no waiter could take it either: _grant would have woken it
             self._take(heavy)
         else:
@@ -94,6 +117,9 @@ class FairGate:
     def _release(self, heavy: bool) -> None:
         self.busy -= 1
         self.heavy_busy -= heavy
+        if self.busy == 0 and self._busy_since is not None:
+            self._busy_total += time.monotonic() - self._busy_since
+            self._busy_since = None
         self._grant()
 
     def _grant(self) -> None:
@@ -108,3 +134,32 @@ class FairGate:
                 future.set_result(None)
             else:
                 i += 1
+
+
+class Pace:
+    """Tokens (rows x padded width) per second the model server drains for this process while it has work
+    from it: a moving average over windows of ``window_s`` busy seconds; None until the first window."""
+
+    def __init__(self, busy_seconds, window_s: float = 0.5, smoothing: float = 0.3):
+        self._busy_seconds = busy_seconds
+        self.window_s = window_s
+        self.smoothing = smoothing
+        self.tokens_per_s: float | None = None
+        self._tokens = 0
+        self._mark = 0.0
+
+    def done(self, tokens: int) -> None:
+        """A batch of ``tokens`` finished."""
+        self._tokens += tokens
+        busy = self._busy_seconds() - self._mark
+        if busy >= self.window_s:
+            sample = self._tokens / busy
+            old = self.tokens_per_s
+            self.tokens_per_s = sample if old is None else (1 - self.smoothing) * old + self.smoothing * sample
+            self._tokens, self._mark = 0, self._mark + busy
+
+    def rows(self, seconds: float, width: int, most: int) -> int:
+        """Rows of ``width`` tokens that drain in about ``seconds`` (1 until measured; at most ``most``)."""
+        if self.tokens_per_s is None:
+            return 1
+        return max(1, min(most, int(seconds * self.tokens_per_s / max(1, width))))

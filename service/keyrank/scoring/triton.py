@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -99,6 +100,8 @@ class TritonScorer:
         small_sequences: float = float("inf"),
         heavy_batch_size: int | None = None,
         heavy_in_flight: int | None = None,
+        heavy_batch_s: float = 0.05,
+        heavy_yield_s: float = 1.0,
         long_buckets: Sequence[int] = (),
     ) -> None:
         self.url: str = url
@@ -119,10 +122,15 @@ class TritonScorer:
         """Most Triton requests in flight from this process, over all callers."""
         self.small_sequences: float = small_sequences
         """Requests estimated at most this costly are small (scoring/fairness.py); the rest are heavy."""
-        self.heavy_batch_size: int = heavy_batch_size or batch_size
-        """Most sequences in one Triton request of a heavy request."""
+        self.heavy_batch_size: int | None = heavy_batch_size
+        """Sequences in one Triton request of a heavy request; None = sized when its slot is granted: what the
+        model server drains in ``heavy_batch_s``, one sequence while small requests are about."""
         self.heavy_in_flight: int = heavy_in_flight or max_in_flight
         """Most Triton requests of heavy requests in flight at once."""
+        self.heavy_batch_s: float = heavy_batch_s
+        """How long one batch of a heavy request may keep the model server (sized batches)."""
+        self.heavy_yield_s: float = heavy_yield_s
+        """After a small request's batch, heavy requests send one sequence per batch for this long."""
         self.probe_timeout_s: float = probe_timeout_s
         """Connect timeout of the channel and default timeout of ``ready``."""
         self.server_id: str | None = server_id
@@ -154,7 +162,9 @@ class TritonScorer:
         n = len(inputs)
         cost = request_cost.get()
         heavy = cost > self.small_sequences
-        size = self.heavy_batch_size if heavy else self.batch_size
+        # A heavy request's batches are sized when their slots are granted: cut here into one-sequence pieces.
+        sized = heavy and self.heavy_batch_size is None
+        size = 1 if sized else self.heavy_batch_size if heavy else self.batch_size
         batches = bucket_batches(inputs, buckets=self.buckets, batch_size=size, pad_id=self.pad_id,
                                  long_buckets=self.long_buckets, **self.shapes)
         if n == 0:
@@ -163,22 +173,28 @@ class TritonScorer:
             metrics.TRITON_ERRORS.labels(kind="deadline").inc()
             raise ScoringUnavailable("request deadline passed before scoring")
         try:
-            results = await self._send(batches, want_pooled, deadline, cost, heavy)
+            sent, results = await self._send(batches, sized, want_pooled, deadline, cost, heavy)
         except _Unreachable:
             # The channel may still hold the refusal from before Triton came back (reconnect
             # backoff): if Triton answers within a short grace, the request is sent once more.
             if not await self._reconnected(deadline):
                 raise
-            results = await self._send(batches, want_pooled, deadline, cost, heavy)
-        return gather(n, batches, results, want_pooled)
+            sent, results = await self._send(batches, sized, want_pooled, deadline, cost, heavy)
+        return gather(n, sent, results, want_pooled)
 
     async def _send(
-        self, batches: list[Batch], want_pooled: bool, deadline: float, cost: float, heavy: bool
-    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        self, batches: list[Batch], sized: bool, want_pooled: bool, deadline: float, cost: float, heavy: bool
+    ) -> tuple[list[Batch], list[tuple[np.ndarray, np.ndarray | None]]]:
         """All batches concurrently (bounded by the process-wide slots, cheapest request first); the first
-        failure cancels the rest."""
-        client, in_flight = self._connection()
-        tasks = [asyncio.ensure_future(self._infer(client, in_flight, b, want_pooled, deadline, cost, heavy)) for b in batches]
+        failure cancels the rest. ``sized``: ``batches`` are one-sequence pieces that up to ``heavy_in_flight``
+        senders join into batches as their slots are granted. Returns the batches sent and their answers."""
+        client, gate = self._connection()
+        if sized:
+            pieces = deque(batches)
+            jobs = [self._sized(client, gate, pieces, want_pooled, deadline, cost) for _ in range(min(self.heavy_in_flight, len(pieces)))]
+        else:
+            jobs = [self._one(client, gate, b, want_pooled, deadline, cost, heavy) for b in batches]
+        tasks = [asyncio.ensure_future(job) for job in jobs]
         for task in tasks:
             task.add_done_callback(_retrieve)
         try:
@@ -194,7 +210,31 @@ class TritonScorer:
         finally:
             for task in tasks:
                 task.cancel()
-        return [task.result() for task in tasks]
+        answered = [pair for task in tasks for pair in task.result()]
+        return [batch for batch, _ in answered], [result for _, result in answered]
+
+    async def _one(self, client, gate: FairGate, batch: Batch, want_pooled: bool, deadline: float, cost: float,
+                   heavy: bool) -> list[tuple[Batch, tuple[np.ndarray, np.ndarray | None]]]:
+        async with gate.slot(cost, heavy):
+            return [(batch, await self._infer(client, gate, batch, want_pooled, deadline, heavy))]
+
+    async def _sized(self, client, gate: FairGate, pieces: deque[Batch], want_pooled: bool, deadline: float,
+                     cost: float) -> list[tuple[Batch, tuple[np.ndarray, np.ndarray | None]]]:
+        """Send a heavy request's pieces until none is left, each batch sized when the slot is granted: one
+        sequence while small requests are about, else what the model server drains in ``heavy_batch_s``."""
+        answered = []
+        while pieces:
+            async with gate.slot(cost, True):
+                if not pieces:
+                    break
+                width = pieces[0].width
+                rows = 1 if gate.small_seen_within(self.heavy_yield_s) else gate.pace.rows(self.heavy_batch_s, width, self.batch_size)
+                group = [pieces.popleft()]
+                while pieces and len(group) < rows and pieces[0].width == width:
+                    group.append(pieces.popleft())
+                batch = Batch.join(group)
+                answered.append((batch, await self._infer(client, gate, batch, want_pooled, deadline, True)))
+        return answered
 
     async def _reconnected(self, deadline: float) -> bool:
         """Whether Triton's server answers within the reconnect grace (and before ``deadline``)."""
@@ -212,42 +252,42 @@ class TritonScorer:
     async def _infer(
         self,
         client: triton_aio.InferenceServerClient,
-        in_flight: FairGate,
+        gate: FairGate,
         batch: Batch,
         want_pooled: bool,
         deadline: float,
-        cost: float,
         heavy: bool,
     ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One Triton request, inside a slot of ``gate`` the caller holds."""
         inputs = []
         for name, array in batch.feeds().items():
             tensor = InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)
         outputs = [InferRequestedOutput("logits")] + ([InferRequestedOutput("pooled")] if want_pooled else [])
-        async with in_flight.slot(cost, heavy):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                metrics.TRITON_ERRORS.labels(kind="deadline").inc()
-                raise ScoringUnavailable("request deadline passed while waiting for a Triton slot")
-            t0 = time.perf_counter()
-            try:
-                result = await client.infer(self.model, inputs, outputs=outputs, client_timeout=remaining,
-                                            priority=LOW_PRIORITY if heavy else HIGH_PRIORITY)
-            except InferenceServerException as exc:
-                kind = (exc.status() or "unknown").removeprefix("StatusCode.").lower()
-                metrics.TRITON_ERRORS.labels(kind=kind).inc()
-                if exc.status() in _CALLER_BUGS:
-                    raise RuntimeError(f"Triton rejected the request: {exc.message()}") from exc
-                if exc.status() == "StatusCode.DEADLINE_EXCEEDED":
-                    raise ScoringUnavailable("request deadline passed while Triton was scoring") from exc
-                if exc.status() == "StatusCode.UNAVAILABLE":
-                    raise _Unreachable(f"Triton unavailable: {exc.message()}") from exc
-                raise ScoringUnavailable(f"Triton: {exc.message()}") from exc
-            except (grpc.RpcError, OSError) as exc:
-                metrics.TRITON_ERRORS.labels(kind="connection").inc()
-                raise _Unreachable(f"Triton unreachable: {exc}") from exc
-            metrics.TRITON_RTT.labels(bucket=batch.bucket).observe(time.perf_counter() - t0)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            metrics.TRITON_ERRORS.labels(kind="deadline").inc()
+            raise ScoringUnavailable("request deadline passed while waiting for a Triton slot")
+        t0 = time.perf_counter()
+        try:
+            result = await client.infer(self.model, inputs, outputs=outputs, client_timeout=remaining,
+                                        priority=LOW_PRIORITY if heavy else HIGH_PRIORITY)
+        except InferenceServerException as exc:
+            kind = (exc.status() or "unknown").removeprefix("StatusCode.").lower()
+            metrics.TRITON_ERRORS.labels(kind=kind).inc()
+            if exc.status() in _CALLER_BUGS:
+                raise RuntimeError(f"Triton rejected the request: {exc.message()}") from exc
+            if exc.status() == "StatusCode.DEADLINE_EXCEEDED":
+                raise ScoringUnavailable("request deadline passed while Triton was scoring") from exc
+            if exc.status() == "StatusCode.UNAVAILABLE":
+                raise _Unreachable(f"Triton unavailable: {exc.message()}") from exc
+            raise ScoringUnavailable(f"Triton: {exc.message()}") from exc
+        except (grpc.RpcError, OSError) as exc:
+            metrics.TRITON_ERRORS.labels(kind="connection").inc()
+            raise _Unreachable(f"Triton unreachable: {exc}") from exc
+        metrics.TRITON_RTT.labels(bucket=batch.bucket).observe(time.perf_counter() - t0)
+        gate.pace.done(batch.rows.size * batch.width)
         metrics.TRITON_BATCH_SIZE.labels(bucket=batch.bucket).observe(batch.rows.size)
         logits = relevance(result.as_numpy("logits"), batch.rows.size)
         return logits, (result.as_numpy("pooled") if want_pooled else None)
