@@ -8,8 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from keyrank.bench import peers
-from keyrank.bench.peers import FLOP_PER_512_PAIR, Peer
+from keyrank.bench import peer_systems, peers
+from keyrank.bench.peer_systems import Peer
+from keyrank.bench.peers import FLOP_PER_512_PAIR
 
 
 def test_rows_are_medians_of_interleaved_rounds_as_pairs_per_second_ratios_and_shares_of_the_peak():
@@ -48,13 +49,13 @@ def test_a_peer_scoring_with_another_model_is_flagged():
 def test_peers_that_are_not_installed_are_reported_with_what_to_install(capsys):
     absent = Peer("no such reranker", "keyrank_no_such_module_for_tests", "no-such-reranker", lambda *_: None)
     present = Peer("numpy-based", "numpy", "numpy", lambda *_: None)
-    ok, missing = peers.available([present, absent])
+    ok, missing = peer_systems.available([present, absent])
     assert ok == [present]
     assert missing == {"no such reranker": "not installed (pip install no-such-reranker, or the 'peers' extra)"}
     # Every bench peer is either installed here or reported the same way.
-    ok, missing = peers.available(peers.PEERS)
-    assert {p.name for p in ok} | set(missing) == {p.name for p in peers.PEERS}
-    assert peers.PEERS[0].module is None and peers.PEERS[0] in ok  # keyrank in-process is always there: the reference
+    ok, missing = peer_systems.available(peer_systems.PEERS)
+    assert {p.name for p in ok} | set(missing) == {p.name for p in peer_systems.PEERS}
+    assert peer_systems.PEERS[0].module is None and peer_systems.PEERS[0] in ok  # keyrank in-process is always there: the reference
 
     result = {"threads": 2, "rounds": 1, "load_average": (1.0, 1.0, 1.0), "matmul_peak_gflop_per_s": {"fp32": 100.0, "int8": 300.0},
               "missing": {"no such reranker": "not installed (pip install no-such-reranker, or the 'peers' extra)"},
@@ -91,33 +92,33 @@ def test_each_row_says_how_far_its_scores_are_from_fp32_in_logits():
 
 
 def test_systems_are_chosen_by_key_with_keyrank_in_process_always_first():
-    chosen = peers.select(["st-onnx*", "flashrank"])
+    chosen = peer_systems.select(["st-onnx*", "flashrank"])
     assert [p.key for p in chosen] == ["keyrank-local", "st-onnx", "st-onnx-o3", "st-onnx-qint8", "flashrank"]
-    assert peers.select(["*"]) == list(peers.PEERS)
+    assert peer_systems.select(["*"]) == list(peer_systems.PEERS)
     with pytest.raises(SystemExit, match="no system matched"):
-        peers.select(["no-such-peer"])
-    assert len({p.key for p in peers.PEERS}) == len(peers.PEERS) and all(p.key for p in peers.PEERS)
-    assert any(p.key == peers.FP32_REFERENCE for p in peers.PEERS)
+        peer_systems.select(["no-such-peer"])
+    assert len({p.key for p in peer_systems.PEERS}) == len(peer_systems.PEERS) and all(p.key for p in peer_systems.PEERS)
+    assert any(p.key == peer_systems.FP32_REFERENCE for p in peer_systems.PEERS)
 
 
 def test_a_peer_runs_under_another_interpreter_by_key_or_glob():
-    assert peers.peer_pythons(["st-onnx*=/opt/onnx/bin/python"]) == dict.fromkeys(["st-onnx", "st-onnx-o3", "st-onnx-qint8"], "/opt/onnx/bin/python")
+    assert peer_systems.peer_pythons(["st-onnx*=/opt/onnx/bin/python"]) == dict.fromkeys(["st-onnx", "st-onnx-o3", "st-onnx-qint8"], "/opt/onnx/bin/python")
     with pytest.raises(SystemExit, match="KEY=PYTHON"):
-        peers.peer_pythons(["st-onnx"])
+        peer_systems.peer_pythons(["st-onnx"])
     # a peer run elsewhere is not looked for here
     absent = Peer("elsewhere", "keyrank_no_such_module_for_tests", "x", lambda *_: None, "far")
-    assert peers.available([absent], {"far": "/opt/x/bin/python"}) == ([absent], {})
+    assert peer_systems.available([absent], {"far": "/opt/x/bin/python"}) == ([absent], {})
 
 
 def test_a_worker_process_scores_groups_line_by_line(monkeypatch, tmp_path):
     import sys
 
     fake = Peer("fake", None, "keyrank", lambda *_: (lambda groups: [np.arange(len(docs), dtype=float) for _, docs in groups]), "fake")
-    monkeypatch.setattr(peers, "PEERS", (fake,))
+    monkeypatch.setattr(peer_systems, "PEERS", (fake,))
     monkeypatch.setattr(sys, "stdin", iter(['[["q", ["a", "b", "c"]]]\n', '[["q", ["a"]], ["r", ["b", "c"]]]\n']))
     out = tmp_path / "out"
     with out.open("w") as handle:
         monkeypatch.setattr(sys, "stdout", handle)
-        assert peers.worker(["fake", "models", "checkpoint", "2"]) == 0
+        assert peer_systems.worker(["fake", "models", "checkpoint", "2"]) == 0
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert lines == [{"ready": True}, {"scores": [[0.0, 1.0, 2.0]]}, {"scores": [[0.0], [0.0, 1.0]]}]

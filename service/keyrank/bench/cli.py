@@ -76,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
                                  quality_systems=args.quality_systems)
     elif args.peers:
         from keyrank.bench import peers as mode_module
+        from keyrank.bench.peer_systems import peer_pythons, select
 
-        chosen = mode_module.select(args.systems)
+        chosen = select(args.systems)
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
-                                 long_pairs=args.long_pairs, peers=chosen, peer_python=mode_module.peer_pythons(args.peer_python, chosen),
+                                 long_pairs=args.long_pairs, peers=chosen, peer_python=peer_pythons(args.peer_python, chosen),
                                  also=args.also)
     else:
         from keyrank.bench import preprocessing as mode_module
