@@ -154,8 +154,9 @@ def _assert_tensor_contract(config: model_config_pb2.ModelConfig) -> None:
     assert config.HasField("dynamic_batching")
     assert max(config.dynamic_batching.preferred_batch_size) <= config.max_batch_size
     assert 0 < config.dynamic_batching.max_queue_delay_microseconds <= 5000
-    # Two queues: small requests' batches (priority 1, and anything unlabelled) pass heavy ones' (scoring/fairness.py).
-    assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (2, 1)
+    # One FIFO queue: with priority levels Triton's batcher left a request that came while the instance was
+    # busy queued up to 500 ms (prepare/repositories.py); the gateway orders batches itself (scoring/fairness.py).
+    assert (config.dynamic_batching.priority_levels, config.dynamic_batching.default_priority_level) == (0, 0)
 
 
 def test_production_config_is_a_gpu_onnxruntime_model_with_dynamic_batching(prepared_models):

@@ -1,5 +1,5 @@
 """Small requests never wait behind a heavy one: admission keeps a reserve for them, their batches are
-scored first (shortest expected first, Triton priority 1), and a heavy request sends short batches one at a
+scored first (shortest expected first), and a heavy request sends short batches one at a
 time on the embedded CPU Triton, so a small one behind it waits for one sequence's work, not for its queue.
 The heavy request still finishes inside its deadline."""
 

@@ -4,7 +4,8 @@
 names below and copies the Python-backend code of ``python_models/`` beside the
 weights. The server does not serve those folders themselves: at each start it
 stages a repository in its private work dir, each model's config.pbtxt copied
-(named for the model it is served as) and its version folders' files linked.
+(named for the model it is served as, without dynamic-batcher priority levels
+an older prepare wrote) and its version folders' files linked.
 Triton's Python backend stub runs Python isolated (PYTHONDONTWRITEBYTECODE does
 not reach it) and compiles model.py into a ``__pycache__`` beside the path it
 imported: through the links that is the work dir, never the model folder, which
@@ -26,6 +27,18 @@ PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"
 """The Python-backend models `keyrank prepare` copies into a version folder (they run in Triton's stub)."""
 
 
+PRIORITY_LEVEL_LINE = re.compile(r"^[ \t]*(priority_levels|default_priority_level)[ \t]*:[ \t]*\d+[ \t]*\n", re.MULTILINE)
+"""A line of the dynamic batcher's priority settings, as `keyrank prepare` wrote them before."""
+
+
+def without_priority_levels(config: str) -> str:
+    """``config`` with its dynamic batcher reduced to one FIFO queue. With priority levels Triton's batcher
+    could leave a request that arrived while the instance was busy queued for its 500 ms timeout after
+    the instance went idle (prepare/repositories.py, above ``triton_config``); a folder prepared before
+    that is served without them."""
+    return PRIORITY_LEVEL_LINE.sub("", config)
+
+
 def stage(repository: Path, models: dict[str, Path]) -> None:
     """``repository`` afresh, with ``repository/<name>`` for each ``name: prepared model folder``: its
     config.pbtxt with the name rewritten, its version folders' files as symlinks (no copy of the weights).
@@ -34,6 +47,7 @@ def stage(repository: Path, models: dict[str, Path]) -> None:
     for name, folder in models.items():
         config = (folder / "config.pbtxt").read_text()
         text = re.sub(r'^name: ".*"$', f'name: "{name}"', config, count=1, flags=re.MULTILINE)
+        text = without_priority_levels(text)
         (repository / name).mkdir(parents=True)
         (repository / name / "config.pbtxt").write_text(text)
         for version in (p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()):

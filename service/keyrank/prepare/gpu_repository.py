@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 
 from keyrank.modelserver.repository import INPUTS, MODEL_NAME, PYTHON_MODELS
-from keyrank.prepare.repositories import PRIORITY_LEVELS, warmup_config, write_if_changed
+from keyrank.prepare.repositories import warmup_config, write_if_changed
 
 REPOSITORY = "triton-embedded-cuda"
 """Folder of the GPU variant inside the prepared model directory."""
@@ -53,8 +53,8 @@ def gpu_config(*, hidden_size: int, num_labels: int, max_batch_size: int, max_le
         ),
         f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]",
         # The batcher merges equal shapes only; a GPU wants big batches, so it may wait 0.5 ms for more.
-        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n  max_queue_delay_microseconds: 500\n"
-        f"{PRIORITY_LEVELS}}}",
+        # One FIFO queue: no priority_levels (repositories.py, above triton_config: a 500 ms batcher wait).
+        f"dynamic_batching {{\n  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n  max_queue_delay_microseconds: 500\n}}",
         # Every width is run once at load (zero tensors: the outputs are thrown away), so no request pays
         # for cuBLAS/SDPA kernel selection on a first shape.
         warmup_config(max_length),

@@ -42,10 +42,14 @@ def warmup_config(max_length: int) -> str:
     return "model_warmup [\n" + ",\n".join(entries) + "\n]"
 
 
-PRIORITY_LEVELS = "  priority_levels: 2\n  default_priority_level: 1\n"
-"""The dynamic batcher's two queues: the gateway sends small requests' batches at priority 1 and heavy ones'
-at 2 (scoring/fairness.py), so a small batch passes queued heavy ones; anything that names no priority (the
-supervisor's probes, other clients) is served as small."""
+# No priority levels: the dynamic batcher of every config written here (and gpu_repository.py's) has one
+# FIFO queue. With ``priority_levels`` Triton's batcher cannot prefetch a batch while the model instance
+# is busy: it waits until the instance is idle again, and the wake-up of an execution that ends can come
+# before the instance counts as idle, so a request that arrived meanwhile waited for the batcher's 500 ms
+# timeout (a small inference took ~520 ms instead of ~20 ms; docs/RELIABILITY.md, "The batcher's 500 ms
+# wait"). The gateway orders batches itself, cheapest request first (scoring/fairness.py); the priority
+# it still sends is ignored by a model without levels. The embedded Triton drops the levels from a folder
+# prepared before (modelserver/repository.py, ``stage``).
 
 
 def triton_config(
@@ -66,10 +70,11 @@ def triton_config(
         f'  {{ name: "pooled" data_type: TYPE_FP32 dims: [ {hidden_size} ] }}\n]',
         f"instance_group [ {{ count: {instances} kind: {'KIND_GPU' if gpu else 'KIND_CPU'} }} ]",
         # The batcher only merges equal shapes; the gateway pads to length buckets so they are.
+        # One FIFO queue: no priority_levels (see above).
         "dynamic_batching {\n"
         f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
         f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n"
-        f"{PRIORITY_LEVELS}}}",
+        "}",
         warmup_config(max_length),
     ]
     if gpu and tensorrt_fp16:

@@ -15,8 +15,10 @@ sends to the model server:
   it waits for one short batch, not for the heavy request's whole queue of full
   batches, and a heavy request alone keeps the model server as busy as full
   batches would (scoring/triton.py sizes the batch when its slot is granted);
-- and at the model server, the batch's priority level (1 = small, 2 = heavy),
-  so that Triton's own queue lets small batches pass heavy ones too.
+- and the batch's priority level at the model server (1 = small, 2 = heavy),
+  which only a Triton model configured with priority levels reads: the configs
+  `keyrank prepare` writes have none (prepare/repositories.py: with them Triton's
+  batcher left a request that came while the instance was busy queued up to 500 ms).
 
 A heavy request is never starved: its next batch waits only while cheaper ones
 are waiting, and those are bounded by admission's reserve for small requests.
@@ -36,7 +38,7 @@ request_cost: ContextVar[float] = ContextVar("keyrank_request_cost", default=0.0
 """The estimated cost (cross-encoder sequences) of the request whose batches are being scored."""
 
 HIGH_PRIORITY, LOW_PRIORITY = 1, 2
-"""Triton priority levels (1 is served first) of small and heavy requests' batches."""
+"""Triton priority levels (1 is served first) of small and heavy requests' batches, for a model with levels."""
 
 
 @contextlib.contextmanager
