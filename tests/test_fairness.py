@@ -145,6 +145,28 @@ def test_a_small_batch_marks_the_gate_and_a_heavy_one_does_not(monkeypatch):
     _run(scenario())
 
 
+def test_heavy_requests_hold_one_slot_while_a_small_one_is_about(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(fairness, "time", clock)
+
+    async def scenario():
+        gate, order, release = FairGate(slots=4, heavy_slots=2, yield_s=1.0), [], asyncio.Event()
+        assert gate.heavy_limit() == 2
+        done = asyncio.Event()
+        done.set()
+        await _hold(gate, 3, False, order, done, "small")  # a small batch: heavy requests yield for a second
+        a = asyncio.create_task(_hold(gate, 100, True, order, release, "heavy-a"))
+        b = asyncio.create_task(_hold(gate, 100, True, order, release, "heavy-b"))
+        await asyncio.sleep(0)
+        assert order == ["small", "heavy-a"] and gate.heavy_limit() == 1
+        clock.now += 1.5  # the small request is gone: heavy-b may take the second slot at the next grant
+        release.set()
+        await asyncio.gather(a, b)
+        assert order == ["small", "heavy-a", "heavy-b"] and gate.heavy_limit() == 2
+
+    _run(scenario())
+
+
 def test_small_requests_are_admitted_from_their_reserve_while_a_heavy_one_fills_the_bound():
     queue = AdmissionQueue(Settings(triton_url="unused", max_queued_sequences=100, small_request_sequences=16,
                                     capacity_sequences_per_s=100))

@@ -10,11 +10,11 @@ sends to the model server:
   (shortest expected first, first come first served among equals);
 - how much a heavy request (costlier than ``small_sequences``) may hold: at most
   ``heavy_slots`` batches in flight at once, each as long as the gate measures the
-  model server drains in ``heavy_batch_s`` (``Pace``), cut to one sequence while
-  small requests are about (``small_seen_within``): a small request arriving behind
-  it waits for one short batch, not for the heavy request's whole queue of full
-  batches, and a heavy request alone keeps the model server as busy as full
-  batches would (scoring/triton.py sizes the batch when its slot is granted);
+  model server drains in ``heavy_batch_s`` (``Pace``); while small requests are
+  about (``small_seen_within(yield_s)``) one batch of one sequence: a small request
+  arriving behind it waits for one short batch, not for the heavy request's whole
+  queue of full batches, and a heavy request alone keeps the model server as busy
+  as full batches would (scoring/triton.py sizes the batch when its slot is granted);
 - and the batch's priority level at the model server (1 = small, 2 = heavy),
   which only a Triton model configured with priority levels reads: the configs
   `keyrank prepare` writes have none (prepare/repositories.py: with them Triton's
@@ -56,11 +56,13 @@ class FairGate:
 
     Belongs to one event loop (no lock: everything runs on it)."""
 
-    def __init__(self, slots: int, heavy_slots: int):
+    def __init__(self, slots: int, heavy_slots: int, yield_s: float = 0.0):
         self.slots = max(1, slots)
         """Batches in flight at most, over every request."""
         self.heavy_slots = max(1, min(heavy_slots, self.slots))
         """Batches of heavy requests in flight at most."""
+        self.yield_s = yield_s
+        """For this long after a small request's batch, heavy requests hold one slot at most (0 = never)."""
         self.busy = 0
         """Batches in flight now."""
         self.heavy_busy = 0
@@ -83,8 +85,13 @@ class FairGate:
         """A small request's batch asked for a slot in the last ``seconds``."""
         return time.monotonic() - self.last_small < seconds
 
+    def heavy_limit(self) -> int:
+        """Heavy batches allowed in flight now: one while a small request is about (``yield_s``), so a small batch
+        waits behind one heavy batch at most, else ``heavy_slots``."""
+        return 1 if self.small_seen_within(self.yield_s) else self.heavy_slots
+
     def _may_take(self, heavy: bool) -> bool:
-        return self.busy < self.slots and (not heavy or self.heavy_busy < self.heavy_slots)
+        return self.busy < self.slots and (not heavy or self.heavy_busy < self.heavy_limit())
 
     def _take(self, heavy: bool) -> None:
         if self.busy == 0:
@@ -97,7 +104,7 @@ class FairGate:
         """Hold one slot for the block; waits behind cheaper requests' batches."""
         if not heavy:
             self.last_small = time.monotonic()
-        if self._may_take(heavy):  # then no waiter could take it either: _grant would have woken it
+        if self._may_take(heavy):  # then no waiter could take it either (but a heavy one whose yield just ended)
             self._take(heavy)
         else:
             entry = (cost, next(self._arrivals), heavy, asyncio.get_running_loop().create_future())

@@ -147,7 +147,9 @@ class TritonScorer:
             self._client = triton_aio.InferenceServerClient(
                 self.url, channel_args=_channel_args(self.probe_timeout_s)
             )
-            self._in_flight = FairGate(self.max_in_flight, self.heavy_in_flight)
+            # Sized heavy batches also yield slots: one heavy batch in flight while small requests are about.
+            yield_s = self.heavy_yield_s if self.heavy_batch_size is None else 0.0
+            self._in_flight = FairGate(self.max_in_flight, self.heavy_in_flight, yield_s)
             self._loop = loop
         assert self._in_flight is not None
         return self._client, self._in_flight
