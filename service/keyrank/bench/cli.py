@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--query: QMSum val queries for nDCG@10 (-1 = all 237, 0 = speed only)")
     parser.add_argument("--quality-systems", nargs="+", default=["keyb2", "diy"], choices=("keyb2", "maxp", "diy"),
                         help="--query: the systems whose nDCG@10 is measured (maxp costs as much as the DIY baseline)")
+    parser.add_argument("--no-diy", action="store_true",
+                        help="--query: keyrank's rows only, without the do-it-yourself baseline (which needs the 'peers' extra)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
                                  candidates=_or(args.docs, 20, 100), requests=args.requests or 2,
                                  quality_queries=None if args.quality_queries < 0 else args.quality_queries,
-                                 quality_systems=args.quality_systems)
+                                 quality_systems=args.quality_systems, diy=not args.no_diy)
     elif args.peers:
         from keyrank.bench import peers as mode_module
         from keyrank.bench.peer_systems import peer_pythons, select

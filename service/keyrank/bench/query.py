@@ -133,10 +133,11 @@ def quality(systems: dict[str, Callable], datasets: Path, tokenizer, *, max_quer
 
 def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, rounds: int = 3, candidates: int = 100,
         requests: int = 2, paths: Sequence[str] = ("local", "triton"), quality_queries: int | None = None,
-        quality_systems: Sequence[str] = ("keyb2", "diy"), settle_s: float = SETTLE_S) -> dict:
+        quality_systems: Sequence[str] = ("keyb2", "diy"), settle_s: float = SETTLE_S, diy: bool = True) -> dict:
     """Speed (interleaved rounds of ``requests`` queries of ``candidates`` ~2k-token documents) and, unless
     ``quality_queries`` is 0, nDCG@10 on QMSum val of keyrank keyb2 in-process and the DIY baseline
-    (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run)."""
+    (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run). ``diy``
+    False: keyrank's rows only (no sentence-transformers needed; no ratio to the DIY)."""
     from keyrank.bench.workloads import candidate_documents
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline
@@ -149,7 +150,7 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
     load = [(queries[i * 7 % len(queries)], pool[i * candidates:(i + 1) * candidates]) for i in range(requests)]
     closers: list = []
     try:
-        systems = {DIY: diy_system(checkpoint, threads)}
+        systems = {DIY: diy_system(checkpoint, threads)} if diy else {}
         systems.update(keyrank_systems(model_dir, threads, paths if rounds else ("local",), closers=closers))
         for rank in systems.values() if rounds else ():
             rank(load[0][0], load[0][1][:4])  # warm-up: first shapes, lazy loads
@@ -202,6 +203,7 @@ def print_table(result: dict) -> None:
             twin = quality.get(name.replace("embedded Triton", "in-process"))
             ndcg = twin and twin["ndcg@10"]
         stages = ", ".join(f"{k} {v:.0f}" for k, v in p.items())
-        qps = f"{row['qps']:.3f} | {row.get('vs_diy', float('nan')):.2f}x" if "qps" in row else "- | -"
+        vs_diy = f"{row['vs_diy']:.2f}x" if "vs_diy" in row else "-"
+        qps = f"{row['qps']:.3f} | {vs_diy}" if "qps" in row else "- | -"
         print(f"| {name} | {qps} | {'-' if sequences is None else f'{sequences:.0f}'} | "
               f"{'-' if ndcg is None else f'{ndcg:.3f}'} | {stages} |")
