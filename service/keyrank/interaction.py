@@ -1,0 +1,89 @@
+"""CEDR-KNRM and Neural Model 1, split between the model server and the gateway.
+
+Both read the encoder's token embeddings, which never leave the model: an
+interaction graph (``<kind>-features.onnx``, exported by ``keyrank finetune``
+with the encoder inside, prepare/interaction.py) scores each chunk and answers,
+in place of the cross-encoder's pooled vector, one small feature vector per
+chunk whose parts add up over a document's chunks:
+
+    [ pooled (H) | query slots (Q) | chunk sums ]
+
+- pooled: the cross-encoder's pooled [CLS] vector (averaged over the chunks, as CEDR does);
+- query slots: 1 for each of the first ``Q`` query tokens present (the gateway's ``token_roles``
+  input says which positions are query and which are document tokens);
+- chunk sums, ``cedr-knrm`` (MacAvaney et al., 2019): per query slot, per layer (embeddings
+  included), per RBF kernel, the sum over the chunk's document tokens of the kernel of the cosine
+  similarity, [Q, layers, kernels];
+- chunk sums, ``model1`` (Boytsov and Kolter, 2021): per query slot, the sum over the chunk's
+  document tokens of the learned translation probability T(q|d) over the last layer's embeddings,
+  then the chunk's document-token count, [Q + 1].
+
+The gateway's head (``<kind>.onnx``, served like PARADE's trained aggregators by
+``aggregators.TrainedAggregator``) folds the chunks (sums add; the pooled vectors are averaged)
+and scores the document: KNRM takes log of each folded kernel sum, sums over the query tokens and
+puts kernels x layers with the mean pooled vector through one linear layer; Model 1 answers the
+log-likelihood sum_q log(sum_d T(q|d) / |D|). So a document read in chunks scores exactly as the
+same model reading the concatenation of its chunks' similarity matrices (tests/test_interaction.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("cedr-knrm", "model1")
+"""The interaction heads; each is served from ``<kind>.onnx`` and ``<kind>-features.onnx``."""
+KERNEL_MUS = (-0.9, -0.7, -0.5, -0.3, -0.1, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+"""KNRM's RBF kernel centres (Xiong et al., 2017; CEDR's setting): 10 soft-match bins and exact match."""
+KERNEL_SIGMAS = (0.1,) * 10 + (0.001,)
+"""KNRM's kernel widths: 0.1, and 0.001 for the exact-match kernel at 1.0."""
+QUERY_SLOTS = 32
+"""Query tokens an interaction graph reads (the default ``query_max_tokens``); later ones are not read."""
+LOG_FLOOR = 1e-10
+"""log(max(sum, floor)): CEDR's clamp of an empty kernel."""
+KNRM_SCALE = 0.01
+"""CEDR scales the log kernel sums by 0.01 before the linear layer."""
+
+
+def features_file(kind: str) -> str:
+    """The interaction graph's file under models/gateway/."""
+    return f"{kind}-features.onnx"
+
+
+def head_file(kind: str) -> str:
+    """The gateway head's file under models/gateway/."""
+    return f"{kind}.onnx"
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureLayout:
+    """Where each part sits in a chunk's feature vector."""
+
+    kind: str
+    """``cedr-knrm`` or ``model1``."""
+    hidden: int
+    """Width of the pooled vector."""
+    layers: int
+    """Hidden states compared (the embeddings and every layer) for KNRM."""
+    slots: int = QUERY_SLOTS
+    """Query tokens read."""
+
+    @property
+    def kernels(self) -> int:
+        return len(KERNEL_MUS)
+
+    @property
+    def sums(self) -> int:
+        """Width of the chunk sums."""
+        return self.slots * self.layers * self.kernels if self.kind == "cedr-knrm" else self.slots + 1
+
+    @property
+    def width(self) -> int:
+        """The whole feature vector."""
+        return self.hidden + self.slots + self.sums
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "hidden": self.hidden, "layers": self.layers, "slots": self.slots}
+
+    @classmethod
+    def from_json(cls, data: dict) -> FeatureLayout:
+        return cls(data["kind"], int(data["hidden"]), int(data["layers"]), int(data["slots"]))

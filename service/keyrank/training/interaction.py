@@ -1,0 +1,127 @@
+"""The gateway heads of CEDR-KNRM and Neural Model 1 as torch modules, their ONNX export and their graphs.
+
+A head reads the chunks' feature vectors of each document, zero-padded to
+[D, W, F] with a [D, W] chunk mask (``aggregators.pad_by_document``, as PARADE's
+aggregators do), folds them (sums add; pooled vectors averaged) and answers one
+score per document (keyrank/interaction.py has the layout):
+
+- ``KnrmHead``: log of each folded kernel sum (floored), x 0.01, summed over the
+  query tokens; one linear layer over kernels x layers plus one over the mean pooled
+  vector. The pooled layer starts as the cross-encoder's classifier and the kernel
+  layer at zero, so before training it IS parade-avg over disjoint chunks.
+- ``Model1Head``: sum over query tokens of log((folded sum of T(q|d) + floor) / |D|),
+  the IBM Model 1 log-likelihood; its translation network lives in the graph.
+
+``keyrank finetune --strategy cedr-knrm|model1`` trains them on cached chunk
+features (frozen encoder, like PARADE), writes ``<kind>.onnx`` and the graph
+``<kind>-features.onnx`` it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from keyrank.aggregators import INPUTS, OUTPUT
+from keyrank.interaction import KINDS, KNRM_SCALE, LOG_FLOOR, FeatureLayout
+
+
+def fold(features: torch.Tensor, mask: torch.Tensor, layout: FeatureLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[D, W, F], [D, W] -> (mean pooled [D, H], query mask [D, Q], folded chunk sums [D, sums])."""
+    summed = (features * mask.unsqueeze(-1)).sum(1)
+    chunks = mask.sum(1, keepdim=True).clamp(min=1.0)
+    h, q = layout.hidden, layout.slots
+    return summed[:, :h] / chunks, (summed[:, h:h + q] > 0).to(features.dtype), summed[:, h + q:]
+
+
+class KnrmHead(nn.Module):
+    """CEDR-KNRM's head over folded kernel sums and the mean [CLS] vector."""
+
+    def __init__(self, layout: FeatureLayout):
+        super().__init__()
+        self.layout = layout
+        self.kernels = nn.Linear(layout.layers * layout.kernels, 1, bias=False)
+        self.head = nn.Linear(layout.hidden, 1)
+        nn.init.zeros_(self.kernels.weight)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pooled, query, sums = fold(features, mask, self.layout)
+        sums = sums.reshape(sums.shape[0], self.layout.slots, -1)
+        logs = (torch.log(sums.clamp(min=LOG_FLOOR)) * KNRM_SCALE * query.unsqueeze(-1)).sum(1)
+        return (self.kernels(logs) + self.head(pooled)).squeeze(-1)
+
+
+class Model1Head(nn.Module):
+    """Neural Model 1's log-likelihood of the query given the document's folded translation sums."""
+
+    def __init__(self, layout: FeatureLayout):
+        super().__init__()
+        self.layout = layout
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        _, query, sums = fold(features, mask, self.layout)
+        t, count = sums[:, : self.layout.slots], sums[:, self.layout.slots:].clamp(min=1.0)
+        return (torch.log((t + LOG_FLOOR) / count) * query).sum(1)
+
+
+def build(layout: FeatureLayout, head_weight: np.ndarray | None = None, head_bias: np.ndarray | None = None) -> nn.Module:
+    """A fresh head; KNRM's pooled layer starts as the cross-encoder's classifier (the relevance label's row)."""
+    if layout.kind not in KINDS:
+        raise ValueError(f"unknown interaction head {layout.kind!r}; expected one of {KINDS}")
+    module = KnrmHead(layout) if layout.kind == "cedr-knrm" else Model1Head(layout)
+    if head_weight is not None and layout.kind == "cedr-knrm":
+        with torch.no_grad():
+            module.head.weight.copy_(torch.as_tensor(np.asarray(head_weight, np.float32)[-1:]))
+            module.head.bias.copy_(torch.as_tensor(np.asarray(head_bias, np.float32)[-1:]))
+    return module
+
+
+def sample_features(layout: FeatureLayout, rows: int, seed: int = 0) -> np.ndarray:
+    """Feature vectors shaped like a graph's: positive sums, a query of a few slots."""
+    rng = np.random.default_rng(seed)
+    features = rng.random((rows, layout.width)).astype(np.float32) * 5.0
+    features[:, : layout.hidden] = rng.standard_normal((rows, layout.hidden))
+    features[:, layout.hidden: layout.hidden + layout.slots] = 0.0
+    features[:, layout.hidden: layout.hidden + 5] = 1.0
+    return features
+
+
+def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: float = 1e-4) -> float:
+    """Write the head as ONNX (dynamic documents and chunks), check it against PyTorch, return max |diff|."""
+    import onnx
+
+    from keyrank.aggregators import TrainedAggregator, pad_by_document
+
+    layout: FeatureLayout = module.layout
+    module = module.eval()
+    doc_of = np.repeat(np.arange(4), [1, 3, 5, 2])
+    features = sample_features(layout, doc_of.shape[0])
+    padded, mask = pad_by_document(doc_of, features)
+    dummy = pad_by_document(np.repeat(np.arange(2), [2, 1]), features[:3])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".onnx.tmp")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = module(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()
+        torch.onnx.export(
+            module, tuple(torch.from_numpy(a) for a in dummy), str(tmp), input_names=list(INPUTS), output_names=[OUTPUT],
+            dynamic_axes={"pooled": {0: "documents", 1: "windows"}, "mask": {0: "documents", 1: "windows"}, OUTPUT: {0: "documents"}},
+            opset_version=17, dynamo=False,
+        )
+    graph = onnx.load(str(tmp))
+    for key, value in {"kind": layout.kind, "layout": layout.to_json(), **(meta or {})}.items():
+        graph.metadata_props.add(key=key, value=value if isinstance(value, str) else json.dumps(value))
+    onnx.save(graph, str(tmp))
+    served = TrainedAggregator.load(tmp)(doc_of, features)
+    diff = float(np.max(np.abs(served - reference)))
+    if not diff <= atol:
+        tmp.unlink()
+        raise ValueError(f"{layout.kind}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
+    tmp.replace(path)
+    return diff

@@ -1,0 +1,180 @@
+"""CEDR-KNRM and Neural Model 1: a document scored in chunks (the interaction graph per chunk, the gateway's fold
+and head) equals a plain PyTorch implementation reading the concatenation of the same chunks' similarity
+matrices whole; a strategy whose trained parts are missing is refused naming the command that trains them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from keyrank.errors import InvalidRequest
+from keyrank.interaction import KERNEL_MUS, KERNEL_SIGMAS, features_file, head_file
+from toy_judged import tiny_bert
+
+QUERY = "how do cats purr"
+DOCS = [
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 30 + ["Cats purr by vibrating the muscles of the larynx."] * 25),
+    "a cat is an animal",
+    " ".join(["Search engines rank documents by relevance."] * 70),
+]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A tiny BERT prepared as `keyrank prepare` writes it, and its checkpoint."""
+    from keyrank.prepare.export import prepare
+
+    root = tmp_path_factory.mktemp("interaction")
+    checkpoint = tiny_bert(root / "tiny-bert")
+    prepare(str(checkpoint), root / "models", bi_encoder=None)
+    return checkpoint, root / "models"
+
+
+def _install(prepared, kind: str) -> torch.nn.Module:
+    """The kind's graph (encoder + chunk features) and a head with weights away from their start, installed."""
+    from keyrank.prepare import interaction as graph
+    from keyrank.training import interaction as heads
+
+    checkpoint, models = prepared
+    torch.manual_seed(0)
+    features = graph.build(checkpoint, kind)
+    if features.translation is not None:
+        with torch.no_grad():  # every weight of T(q|d) must count
+            for p in features.translation.parameters():
+                p.add_(0.3 * torch.randn_like(p))
+    graph.export(features, models)
+    head = heads.build(features.layout, *_classifier(models))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    heads.export(head, models / "gateway" / head_file(kind))
+    return features, head
+
+
+def _classifier(models):
+    with np.load(models / "gateway" / "classifier_head.npz") as head:
+        return head["weight"], head["bias"]
+
+
+def _chunks(reranker, strategy: str):
+    """Each document's chunks as the served strategy cuts them: (ids, query length, document token range)."""
+    from keyrank.pipeline import RerankOptions
+
+    plan = reranker.pipeline.plan(QUERY, DOCS, RerankOptions(strategy="avgp"))
+    q = len(plan.query)
+    chunks = [[] for _ in DOCS]
+    for ids, doc in zip(plan.inputs.ids, plan.doc_of):
+        # [CLS] q [SEP] d [SEP]: the reference finds the tokens by BERT's frame, not by the gateway's roles
+        chunks[doc].append((torch.from_numpy(ids)[None], q, (q + 2, len(ids) - 1)))
+    assert max(len(c) for c in chunks) >= 3  # the test reads long documents in several chunks
+    return chunks
+
+
+def _hidden(model, ids, q):
+    types = torch.zeros_like(ids)
+    types[:, q + 2:] = 1
+    out = model(input_ids=ids, attention_mask=torch.ones_like(ids), token_type_ids=types, output_hidden_states=True)
+    return out.hidden_states, out.pooled_cls
+
+
+def _reference_knrm(model, chunks, weight_kernels, weight_head, bias):
+    """CEDR-KNRM as the paper computes it: similarity matrices of each chunk, concatenated along the document, then
+    the RBF kernels over the whole matrix, log, x 0.01, summed over query tokens; linear with the mean [CLS]."""
+    mus, sigmas = torch.tensor(KERNEL_MUS, dtype=torch.float64), torch.tensor(KERNEL_SIGMAS, dtype=torch.float64)
+    matrices, pooled = [], []
+    for ids, q, (start, end) in chunks:
+        states, cls = _hidden(model, ids, q)
+        per_layer = []
+        for h in states:
+            h = torch.nn.functional.normalize(h[0].double(), dim=-1)
+            per_layer.append(h[1:1 + q] @ h[start:end].T)
+        matrices.append(torch.stack(per_layer))  # [layers, Q, chunk tokens]
+        pooled.append(cls[0].double())
+    whole = torch.cat(matrices, dim=2)
+    kernels = torch.exp(-((whole.unsqueeze(-1) - mus) ** 2) / (2 * sigmas**2)).sum(2)  # [layers, Q, K]
+    features = (torch.log(kernels.clamp(min=1e-10)) * 0.01).sum(1).reshape(-1)  # [layers * K]
+    return float(features @ weight_kernels.double() + torch.stack(pooled).mean(0) @ weight_head.double() + bias)
+
+
+def _reference_model1(model, translation, chunks):
+    """Model 1: log P(q|D) = sum_q log(sum_d T(q|d) / |D|) over the whole document's tokens."""
+    t_all = []
+    for ids, q, (start, end) in chunks:
+        states, _ = _hidden(model, ids, q)
+        last = states[-1][0]
+        t_all.append(translation(last[None, 1:1 + q], last[None, start:end])[0].double())
+    t = torch.cat(t_all, dim=1)
+    return float(torch.log(t.sum(1) / t.shape[1]).sum())
+
+
+class _WithPooled(torch.nn.Module):
+    """The HF classifier, exposing the [CLS] pooler output its classifier reads."""
+
+    def __init__(self, checkpoint):
+        super().__init__()
+        from transformers import AutoModelForSequenceClassification
+
+        self.model = AutoModelForSequenceClassification.from_pretrained(checkpoint, attn_implementation="eager").eval()
+
+    def __call__(self, **kwargs):
+        out = self.model.bert(**kwargs)
+        out.pooled_cls = out.pooler_output
+        return out
+
+
+def _served(models, strategy):
+    from keyrank.reranker import Reranker
+
+    reranker = Reranker.local(models)
+    ranking = reranker.rank(QUERY, DOCS, strategy=strategy)
+    return reranker, {r.index: r.score for r in ranking.results}
+
+
+def test_cedr_knrm_in_chunks_equals_the_reference_reading_the_whole_matrices(prepared):
+    checkpoint, models = prepared
+    _, head = _install(prepared, "cedr-knrm")
+    reranker, served = _served(models, "cedr-knrm")
+    with reranker, torch.no_grad():
+        model = _WithPooled(checkpoint)
+        expected = [_reference_knrm(model, chunks, head.kernels.weight[0], head.head.weight[0], head.head.bias[0])
+                    for chunks in _chunks(reranker, "cedr-knrm")]
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(expected, 4))) == len(DOCS)  # the documents are told apart
+
+
+def test_model1_in_chunks_equals_the_reference_log_likelihood_of_the_whole_document(prepared):
+    checkpoint, models = prepared
+    features, _ = _install(prepared, "model1")
+    reranker, served = _served(models, "model1")
+    with reranker, torch.no_grad():
+        model = _WithPooled(checkpoint)
+        expected = [_reference_model1(model, features.translation, chunks) for chunks in _chunks(reranker, "model1")]
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(expected, 3))) == len(DOCS)
+
+
+def test_only_small_features_cross_from_the_graph(prepared):
+    """What the graph answers per chunk is its feature vector, not its tokens' hidden states."""
+    import onnxruntime as ort
+
+    _, models = prepared
+    _install(prepared, "cedr-knrm")
+    session = ort.InferenceSession(str(models / "gateway" / features_file("cedr-knrm")), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["logits", "pooled"]
+    assert [len(o.shape) for o in session.get_outputs()] == [2, 2]  # [N, 1], [N, F]: no sequence axis
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids", "token_roles"]
+
+
+def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_path, prepared):
+    import shutil
+
+    from keyrank.reranker import Reranker
+
+    _, models = prepared
+    bare = tmp_path / "bare"
+    shutil.copytree(models, bare, ignore=shutil.ignore_patterns("cedr-*", "model1*"))
+    with Reranker.local(bare) as reranker:
+        for strategy in ("cedr-knrm", "model1"):
+            with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {strategy}"):
+                reranker.rank(QUERY, DOCS, strategy=strategy)
+        assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
