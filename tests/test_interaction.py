@@ -178,3 +178,59 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
             with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {strategy}"):
                 reranker.rank(QUERY, DOCS, strategy=strategy)
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
+
+
+@pytest.fixture(scope="module")
+def knrm_run(tmp_path_factory):
+    """`keyrank finetune --strategy cedr-knrm` on the toy data: frozen encoder, cached chunk features."""
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+    from toy_judged import toy_trec
+
+    root = tmp_path_factory.mktemp("knrm-run")
+    model, trec = tiny_bert(root / "tiny-bert"), TrecFiles(*toy_trec(root))
+    return finetune(model=str(model), out=root / "run", strategy="cedr-knrm", trec=trec, epochs=2, groups_per_step=2,
+                    aggregator_lr=1e-2, seed=0, progress=False, threads=2, dev_max_queries=None)
+
+
+def test_cedr_knrm_head_trains_on_cached_features_and_is_served_after_install(knrm_run):
+    import json
+    import shutil
+
+    from keyrank.aggregators import TrainedAggregator, pad_by_document
+    from keyrank.data.judged import from_trec
+    from keyrank.interaction import FeatureLayout
+    from keyrank.pipeline import RerankOptions
+    from keyrank.reranker import Reranker
+    from keyrank.training import interaction as heads
+    from keyrank.training.cli import install_aggregator
+
+    result = knrm_run
+    assert result.finished and result.model_dir is None  # only the head is a deliverable
+    assert result.aggregator.name == head_file("cedr-knrm") and (result.out / features_file("cedr-knrm")).exists()
+    assert list((result.out / "cache").glob("features-cedr-knrm-*"))  # chunk features cached once, by the graph
+    state = torch.load(result.out / "cedr-knrm.pt")
+    assert state["kernels.weight"].abs().sum() > 0  # the kernel layer moved away from zero: it trained
+
+    base = result.out / "base"
+    installed = result.out / "installed"
+    shutil.copytree(base, installed, ignore=shutil.ignore_patterns(features_file("cedr-knrm")))
+    with Reranker.local(installed) as bare:
+        with pytest.raises(InvalidRequest, match="keyrank finetune --strategy cedr-knrm"):
+            bare.rank("a query", ["a document"], strategy="cedr-knrm")
+    install_aggregator(result.aggregator, installed)
+    config = json.loads((result.out / "training.json").read_text())["config"]
+    judged = from_trec(config["trec"]["qrels"], config["trec"]["docs"], config["trec"]["queries"])[0]
+    with Reranker.local(installed) as reranker:
+        ranking = reranker.rank(judged.query, list(judged.texts), strategy="cedr-knrm")
+        spec = reranker.pipeline.resolve(RerankOptions(strategy="cedr-knrm")).spec
+        plan = reranker.pipeline.plan(judged.query, list(judged.texts), RerankOptions(strategy="cedr-knrm"))
+        features = reranker.scorer_for(spec).score_sync(plan.inputs, want_pooled=True).pooled
+    layout = FeatureLayout.from_json(TrainedAggregator.load(installed / "gateway" / head_file("cedr-knrm")).meta["layout"])
+    module = heads.build(layout)
+    module.load_state_dict(state)
+    padded, mask = pad_by_document(plan.doc_of, features)
+    with torch.no_grad():
+        expected = module.eval()(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()
+    served = {r.index: r.score for r in ranking.results}
+    np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)

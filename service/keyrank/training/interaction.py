@@ -125,3 +125,27 @@ def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: flo
         raise ValueError(f"{layout.kind}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
     tmp.replace(path)
     return diff
+
+
+def graph_layout(path: Path) -> FeatureLayout | None:
+    """The layout an interaction graph recorded, or None when there is no graph at ``path``."""
+    if not Path(path).exists():
+        return None
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return FeatureLayout.from_json(json.loads(meta["layout"]))
+
+
+def prepare_graph(checkpoint: str, model_dir: Path, kind: str, fingerprint: str) -> FeatureLayout:
+    """The strategy's interaction graph in the prepared ``model_dir``'s gateway/ (exported from ``checkpoint``
+    when it is not there yet): what the chunk features are cached with and what the head is built for."""
+    from keyrank.interaction import features_file
+    from keyrank.prepare import interaction as graph
+
+    layout = graph_layout(Path(model_dir) / "gateway" / features_file(kind))
+    if layout is None:
+        module = graph.build(checkpoint, kind)
+        graph.export(module, Path(model_dir), {"encoder_fingerprint": fingerprint, "encoder": str(checkpoint)})
+        layout = module.layout
+    return layout

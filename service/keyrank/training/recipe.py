@@ -112,7 +112,12 @@ class FinetuneConfig:
 
     @property
     def trains_encoder(self) -> bool:
-        """Whether the cross-encoder's weights change (else only an aggregator does)."""
+        """Whether the cross-encoder's weights change (else only an aggregator does). An interaction head
+        (CEDR-KNRM) always trains over the frozen encoder's cached chunk features."""
+        from keyrank.interaction import KINDS
+
+        if self.strategy in KINDS:
+            return False
         if not self.strategy.startswith("parade-"):
             return True
         return self.freeze_encoder is False
