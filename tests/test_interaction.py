@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from keyrank.errors import InvalidRequest
-from keyrank.interaction import KERNEL_MUS, KERNEL_SIGMAS, features_file, head_file
+from keyrank.interaction import HISTOGRAM_BINS, KERNEL_MUS, KERNEL_SIGMAS, features_file, head_file
 from toy_judged import tiny_bert
 
 QUERY = "how do cats purr"
@@ -77,23 +77,40 @@ def _hidden(model, ids, q):
     return out.hidden_states, out.pooled_cls
 
 
-def _reference_knrm(model, chunks, weight_kernels, weight_head, bias):
-    """CEDR-KNRM as the paper computes it: similarity matrices of each chunk, concatenated along the document, then
-    the RBF kernels over the whole matrix, log, x 0.01, summed over query tokens; linear with the mean [CLS]."""
-    mus, sigmas = torch.tensor(KERNEL_MUS, dtype=torch.float64), torch.tensor(KERNEL_SIGMAS, dtype=torch.float64)
+def _whole_matrices(model, chunks, dtype=torch.float64):
+    """Each chunk's [layers, Q, chunk tokens] similarity matrices concatenated along the document, and the chunks'
+    [CLS] pooled vectors."""
     matrices, pooled = [], []
     for ids, q, (start, end) in chunks:
         states, cls = _hidden(model, ids, q)
         per_layer = []
         for h in states:
-            h = torch.nn.functional.normalize(h[0].double(), dim=-1)
+            h = torch.nn.functional.normalize(h[0].to(dtype), dim=-1)
             per_layer.append(h[1:1 + q] @ h[start:end].T)
-        matrices.append(torch.stack(per_layer))  # [layers, Q, chunk tokens]
+        matrices.append(torch.stack(per_layer))
         pooled.append(cls[0].double())
-    whole = torch.cat(matrices, dim=2)
+    return torch.cat(matrices, dim=2), torch.stack(pooled)
+
+
+def _reference_knrm(model, chunks, weight_kernels, weight_head, bias):
+    """CEDR-KNRM as the paper computes it: similarity matrices of each chunk, concatenated along the document, then
+    the RBF kernels over the whole matrix, log, x 0.01, summed over query tokens; linear with the mean [CLS]."""
+    mus, sigmas = torch.tensor(KERNEL_MUS, dtype=torch.float64), torch.tensor(KERNEL_SIGMAS, dtype=torch.float64)
+    whole, pooled = _whole_matrices(model, chunks)
     kernels = torch.exp(-((whole.unsqueeze(-1) - mus) ** 2) / (2 * sigmas**2)).sum(2)  # [layers, Q, K]
     features = (torch.log(kernels.clamp(min=1e-10)) * 0.01).sum(1).reshape(-1)  # [layers * K]
-    return float(features @ weight_kernels.double() + torch.stack(pooled).mean(0) @ weight_head.double() + bias)
+    return float(features @ weight_kernels.double() + pooled.mean(0) @ weight_head.double() + bias)
+
+
+def _reference_drmm(model, chunks, head):
+    """CEDR-DRMM: the hard histogram of the whole matrix per query token and layer, log-counts, the feed-forward
+    score per query token, summed; linear with the mean [CLS]."""
+    whole, pooled = _whole_matrices(model, chunks, torch.float32)  # bin edges: the graph's float32 similarities
+    index = ((whole + 1.000001) / 2.0 * (HISTOGRAM_BINS - 1)).int().long()  # CEDR's binning
+    counts = torch.nn.functional.one_hot(index, HISTOGRAM_BINS).sum(2).double()  # [layers, Q, bins]
+    histograms = torch.log(counts + 1e-5).permute(1, 0, 2).reshape(whole.shape[1], -1)
+    per_token = head.out(torch.relu(head.hidden(histograms.float()))).double().sum()
+    return float(per_token + pooled.mean(0) @ head.head.weight[0].double() + head.head.bias[0])
 
 
 def _reference_model1(model, translation, chunks):
@@ -142,6 +159,17 @@ def test_cedr_knrm_in_chunks_equals_the_reference_reading_the_whole_matrices(pre
     assert len(set(np.round(expected, 4))) == len(DOCS)  # the documents are told apart
 
 
+def test_cedr_drmm_in_chunks_equals_the_reference_histograms_of_the_whole_matrices(prepared):
+    checkpoint, models = prepared
+    _, head = _install(prepared, "cedr-drmm")
+    reranker, served = _served(models, "cedr-drmm")
+    with reranker, torch.no_grad():
+        model = _WithPooled(checkpoint)
+        expected = [_reference_drmm(model, chunks, head) for chunks in _chunks(reranker, "cedr-drmm")]
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(expected, 4))) == len(DOCS)
+
+
 def test_model1_in_chunks_equals_the_reference_log_likelihood_of_the_whole_document(prepared):
     checkpoint, models = prepared
     features, _ = _install(prepared, "model1")
@@ -174,7 +202,7 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
     bare = tmp_path / "bare"
     shutil.copytree(models, bare, ignore=shutil.ignore_patterns("cedr-*", "model1*"))
     with Reranker.local(bare) as reranker:
-        for strategy in ("cedr-knrm", "model1"):
+        for strategy in ("cedr-knrm", "cedr-drmm", "model1"):
             with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {strategy}"):
                 reranker.rank(QUERY, DOCS, strategy=strategy)
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves

@@ -176,6 +176,7 @@ PINNED = {
     "parade-transformer": ("sliding", "trained"),
     "longp": ("whole", "single"),
     "cedr-knrm": ("disjoint", "trained"),
+    "cedr-drmm": ("disjoint", "trained"),
     "model1": ("disjoint", "trained"),
 }
 
@@ -186,7 +187,7 @@ def test_registry_rows_match_the_behaviour_pinned_above(name):
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
     assert spec.needs_pooled == (name.startswith("parade") or spec.features is not None)
     # The interaction strategies are scored by their own graph, which training writes beside their head.
-    assert (spec.features is not None) == (name in ("cedr-knrm", "model1"))
+    assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "model1"))
     assert spec.features is None or spec.features in spec.trained_parts
 
 

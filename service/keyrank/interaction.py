@@ -14,6 +14,8 @@ chunk whose parts add up over a document's chunks:
 - chunk sums, ``cedr-knrm`` (MacAvaney et al., 2019): per query slot, per layer (embeddings
   included), per RBF kernel, the sum over the chunk's document tokens of the kernel of the cosine
   similarity, [Q, layers, kernels];
+- chunk sums, ``cedr-drmm``: per query slot, per layer, per similarity bin, how many of the chunk's
+  document tokens fall in the bin (counts add), [Q, layers, bins];
 - chunk sums, ``model1`` (Boytsov and Kolter, 2021): per query slot, the sum over the chunk's
   document tokens of the learned translation probability T(q|d) over the last layer's embeddings,
   then the chunk's document-token count, [Q + 1].
@@ -21,7 +23,9 @@ chunk whose parts add up over a document's chunks:
 The gateway's head (``<kind>.onnx``, served like PARADE's trained aggregators by
 ``aggregators.TrainedAggregator``) folds the chunks (sums add; the pooled vectors are averaged)
 and scores the document: KNRM takes log of each folded kernel sum, sums over the query tokens and
-puts kernels x layers with the mean pooled vector through one linear layer; Model 1 answers the
+puts kernels x layers with the mean pooled vector through one linear layer; DRMM takes log-counts of
+the folded histograms, scores each query token with a small feed-forward network over bins x layers
+and adds the query tokens' scores to a linear layer over the mean pooled vector; Model 1 answers the
 log-likelihood sum_q log(sum_d T(q|d) / |D|). So a document read in chunks scores exactly as the
 same model reading the concatenation of its chunks' similarity matrices (tests/test_interaction.py).
 """
@@ -30,14 +34,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("cedr-knrm", "model1")
+KINDS = ("cedr-knrm", "cedr-drmm", "model1")
 """The interaction heads; each is served from ``<kind>.onnx`` and ``<kind>-features.onnx``."""
 KERNEL_MUS = (-0.9, -0.7, -0.5, -0.3, -0.1, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 """KNRM's RBF kernel centres (Xiong et al., 2017; CEDR's setting): 10 soft-match bins and exact match."""
 KERNEL_SIGMAS = (0.1,) * 10 + (0.001,)
 """KNRM's kernel widths: 0.1, and 0.001 for the exact-match kernel at 1.0."""
+HISTOGRAM_BINS = 11
+"""DRMM's similarity histogram bins over [-1, 1] (CEDR's setting; the last one is exact match)."""
 QUERY_SLOTS = 32
 """Query tokens an interaction graph reads (the default ``query_max_tokens``); later ones are not read."""
+DRMM_FLOOR = 1e-5
+"""log(count + floor): CEDR's log-count histograms."""
 LOG_FLOOR = 1e-10
 """log(max(sum, floor)): CEDR's clamp of an empty kernel."""
 KNRM_SCALE = 0.01
@@ -68,13 +76,14 @@ class FeatureLayout:
     """Query tokens read."""
 
     @property
-    def kernels(self) -> int:
-        return len(KERNEL_MUS)
+    def bins(self) -> int:
+        """KNRM's kernels or DRMM's histogram bins (per query slot and layer)."""
+        return len(KERNEL_MUS) if self.kind == "cedr-knrm" else HISTOGRAM_BINS
 
     @property
     def sums(self) -> int:
         """Width of the chunk sums."""
-        return self.slots * self.layers * self.kernels if self.kind == "cedr-knrm" else self.slots + 1
+        return self.slots + 1 if self.kind == "model1" else self.slots * self.layers * self.bins
 
     @property
     def width(self) -> int:

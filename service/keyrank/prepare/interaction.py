@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from keyrank.interaction import KERNEL_MUS, KERNEL_SIGMAS, FeatureLayout, features_file
+from keyrank.interaction import HISTOGRAM_BINS, KERNEL_MUS, KERNEL_SIGMAS, FeatureLayout, features_file
 from keyrank.template import ROLE_DOCUMENT, ROLE_QUERY
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "token_roles")
@@ -55,13 +55,26 @@ def query_selection(token_roles: torch.Tensor, slots: int) -> torch.Tensor:
     return (slot.unsqueeze(1) == wanted).float() * is_query.unsqueeze(1)
 
 
-def knrm_sums(states: torch.Tensor, select: torch.Tensor, is_document: torch.Tensor) -> torch.Tensor:
-    """[layers, N, L, H] hidden states -> [N, Q, layers, kernels]: per query slot, layer and RBF kernel, the sum
-    over document tokens of the kernel of the cosine similarity (CEDR-KNRM's chunk-additive part)."""
+def similarities(states: torch.Tensor, select: torch.Tensor) -> torch.Tensor:
+    """[layers, N, L, H] hidden states -> [layers, N, Q, L] cosine similarity of each query slot with each token."""
     unit = states / states.norm(dim=-1, keepdim=True).clamp(min=1e-9)
-    similarity = (select.unsqueeze(0) @ unit) @ unit.transpose(-1, -2)  # [layers, N, Q, L]
-    mus = torch.tensor(KERNEL_MUS, dtype=states.dtype, device=states.device)
-    sigmas = torch.tensor(KERNEL_SIGMAS, dtype=states.dtype, device=states.device)
+    return (select.unsqueeze(0) @ unit) @ unit.transpose(-1, -2)
+
+
+def drmm_counts(similarity: torch.Tensor, is_document: torch.Tensor) -> torch.Tensor:
+    """[layers, N, Q, L] -> [N, Q, layers, bins]: per query slot and layer, the chunk's document tokens in each
+    similarity bin (CEDR's hard histogram: bin = int((s + 1.000001) / 2 x (bins - 1)))."""
+    index = torch.floor((similarity + 1.000001) / 2.0 * (HISTOGRAM_BINS - 1))
+    bins = torch.arange(HISTOGRAM_BINS, dtype=similarity.dtype, device=similarity.device)
+    counts = ((index.unsqueeze(-1) == bins).to(similarity.dtype) * is_document[None, :, None, :, None]).sum(3)
+    return counts.permute(1, 2, 0, 3)
+
+
+def knrm_sums(similarity: torch.Tensor, is_document: torch.Tensor) -> torch.Tensor:
+    """[layers, N, Q, L] -> [N, Q, layers, kernels]: per query slot, layer and RBF kernel, the sum over document
+    tokens of the kernel of the cosine similarity (CEDR-KNRM's chunk-additive part)."""
+    mus = torch.tensor(KERNEL_MUS, dtype=similarity.dtype, device=similarity.device)
+    sigmas = torch.tensor(KERNEL_SIGMAS, dtype=similarity.dtype, device=similarity.device)
     kernels = torch.exp(-((similarity.unsqueeze(-1) - mus) ** 2) / (2 * sigmas**2))  # [layers, N, Q, L, K]
     sums = (kernels * is_document[None, :, None, :, None]).sum(3)
     return sums.permute(1, 2, 0, 3)
@@ -91,9 +104,10 @@ class ChunkFeatures(nn.Module):
         n = input_ids.shape[0]
         select = query_selection(token_roles, self.layout.slots)
         is_document = (token_roles == ROLE_DOCUMENT).float()
-        if self.layout.kind == "cedr-knrm":
-            states = torch.stack(out.hidden_states[-self.layout.layers:])
-            sums = knrm_sums(states, select, is_document).reshape(n, -1)
+        if self.layout.kind in ("cedr-knrm", "cedr-drmm"):
+            similarity = similarities(torch.stack(out.hidden_states[-self.layout.layers:]), select)
+            reduce = knrm_sums if self.layout.kind == "cedr-knrm" else drmm_counts
+            sums = reduce(similarity, is_document).reshape(n, -1)
         else:
             last = out.hidden_states[-1]
             t = self.translation(select @ last, last) * is_document.unsqueeze(1)
@@ -154,8 +168,17 @@ def export(module: ChunkFeatures, model_dir: Path, meta: dict | None = None, *, 
     session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
     (served,) = session.run(["pooled"], {name: t.numpy() for name, t in zip(INPUTS, batch)})
     # Relative to the value: a kernel sum adds hundreds of terms, and the exact-match kernel (sigma 0.001)
-    # turns a float32 rounding of a similarity into ~1e-4 of kernel.
-    diff = float(np.max(np.abs(reference - served) / (1.0 + np.abs(reference))))
+    # turns a float32 rounding of a similarity into ~1e-4 of kernel. A histogram count moves by one when a
+    # similarity on a bin edge rounds the other way: a few such moves are allowed, no other difference.
+    gap = np.abs(reference - served)
+    if module.layout.kind == "cedr-drmm":
+        counts = slice(module.layout.hidden + module.layout.slots, None)
+        moved = float(np.mean(gap[:, counts] > 0))
+        if moved > atol or gap[:, counts].max() > 1.0:
+            tmp.unlink()
+            raise ValueError(f"cedr-drmm histograms: ONNX moved {moved:.2%} of the counts from PyTorch's, by up to {gap[:, counts].max():g}")
+        gap[:, counts] = 0.0
+    diff = float(np.max(gap / (1.0 + np.abs(reference))))
     if not diff <= atol:
         tmp.unlink()
         raise ValueError(f"{module.layout.kind} chunk features: ONNX differs from PyTorch by {diff:.3g} (relative) > {atol:g}")

@@ -75,6 +75,11 @@ REGISTRY: dict[str, StrategySpec] = {
                      summary="disjoint chunks; per layer, query token and RBF kernel, the chunks' kernel sums of "
                              "query x document token similarities, added up; trained KNRM head over their logs "
                              "and the mean pooled vector (CEDR-KNRM)"),
+        StrategySpec("cedr-drmm", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("cedr-drmm.onnx", "cedr-drmm-features.onnx"), features="cedr-drmm-features.onnx",
+                     summary="disjoint chunks; per layer and query token, histograms of query x document token "
+                             "similarities, counts added up; trained DRMM head over their log-counts and the mean "
+                             "pooled vector (CEDR-DRMM)"),
         StrategySpec("model1", DISJOINT, "trained", needs_pooled=True,
                      trained_parts=("model1.onnx", "model1-features.onnx"), features="model1-features.onnx",
                      summary="disjoint chunks; per query token, the chunks' sums of a learned translation "

@@ -9,10 +9,12 @@ score per document (keyrank/interaction.py has the layout):
   query tokens; one linear layer over kernels x layers plus one over the mean pooled
   vector. The pooled layer starts as the cross-encoder's classifier and the kernel
   layer at zero, so before training it IS parade-avg over disjoint chunks.
+- ``DrmmHead``: log-counts of the folded histograms, a feed-forward score per query
+  token (zero at start), summed over the query tokens, plus the pooled layer as above.
 - ``Model1Head``: sum over query tokens of log((folded sum of T(q|d) + floor) / |D|),
   the IBM Model 1 log-likelihood; its translation network lives in the graph.
 
-``keyrank finetune --strategy cedr-knrm|model1`` trains them on cached chunk
+``keyrank finetune --strategy cedr-knrm|cedr-drmm`` trains them on cached chunk
 features (frozen encoder, like PARADE), writes ``<kind>.onnx`` and the graph
 ``<kind>-features.onnx`` it was trained on.
 """
@@ -28,7 +30,7 @@ import torch
 from torch import nn
 
 from keyrank.aggregators import INPUTS, OUTPUT
-from keyrank.interaction import KINDS, KNRM_SCALE, LOG_FLOOR, FeatureLayout
+from keyrank.interaction import DRMM_FLOOR, KINDS, KNRM_SCALE, LOG_FLOOR, FeatureLayout
 
 
 def fold(features: torch.Tensor, mask: torch.Tensor, layout: FeatureLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -45,7 +47,7 @@ class KnrmHead(nn.Module):
     def __init__(self, layout: FeatureLayout):
         super().__init__()
         self.layout = layout
-        self.kernels = nn.Linear(layout.layers * layout.kernels, 1, bias=False)
+        self.kernels = nn.Linear(layout.layers * layout.bins, 1, bias=False)
         self.head = nn.Linear(layout.hidden, 1)
         nn.init.zeros_(self.kernels.weight)
 
@@ -54,6 +56,26 @@ class KnrmHead(nn.Module):
         sums = sums.reshape(sums.shape[0], self.layout.slots, -1)
         logs = (torch.log(sums.clamp(min=LOG_FLOOR)) * KNRM_SCALE * query.unsqueeze(-1)).sum(1)
         return (self.kernels(logs) + self.head(pooled)).squeeze(-1)
+
+
+class DrmmHead(nn.Module):
+    """CEDR-DRMM's head: a feed-forward score per query token over its log-count histograms (bins x layers), summed
+    over the query tokens, plus a linear layer over the mean [CLS] vector (CEDR's 5 hidden units)."""
+
+    def __init__(self, layout: FeatureLayout, hidden: int = 5):
+        super().__init__()
+        self.layout = layout
+        self.hidden = nn.Linear(layout.layers * layout.bins, hidden)
+        self.out = nn.Linear(hidden, 1)
+        self.head = nn.Linear(layout.hidden, 1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        pooled, query, counts = fold(features, mask, self.layout)
+        histograms = torch.log(counts.reshape(counts.shape[0], self.layout.slots, -1) + DRMM_FLOOR)
+        per_token = self.out(torch.relu(self.hidden(histograms))).squeeze(-1)  # [D, Q]
+        return (per_token * query).sum(1) + self.head(pooled).squeeze(-1)
 
 
 class Model1Head(nn.Module):
@@ -73,8 +95,8 @@ def build(layout: FeatureLayout, head_weight: np.ndarray | None = None, head_bia
     """A fresh head; KNRM's pooled layer starts as the cross-encoder's classifier (the relevance label's row)."""
     if layout.kind not in KINDS:
         raise ValueError(f"unknown interaction head {layout.kind!r}; expected one of {KINDS}")
-    module = KnrmHead(layout) if layout.kind == "cedr-knrm" else Model1Head(layout)
-    if head_weight is not None and layout.kind == "cedr-knrm":
+    module = {"cedr-knrm": KnrmHead, "cedr-drmm": DrmmHead, "model1": Model1Head}[layout.kind](layout)
+    if head_weight is not None and hasattr(module, "head"):
         with torch.no_grad():
             module.head.weight.copy_(torch.as_tensor(np.asarray(head_weight, np.float32)[-1:]))
             module.head.bias.copy_(torch.as_tensor(np.asarray(head_bias, np.float32)[-1:]))
