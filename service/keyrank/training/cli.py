@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
     p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
                    help="what is trained: the scorer for keyb2/maxp/firstp, the aggregator for parade-*, "
-                        "the head for cedr-knrm (over its interaction graph, frozen encoder)")
+                        "the head for cedr-knrm/cedr-drmm (over its interaction graph, frozen encoder)")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="pipeline setting (as KEYRANK_<NAME>), e.g. --set keyb2_budget_tokens=480; serve with the same")
     p.add_argument("--install-into", type=Path, default=None,
-                   help="PARADE, CEDR-KNRM: copy the trained aggregator or head (and its interaction graph) into this prepared "
+                   help="PARADE, CEDR: copy the trained aggregator or head (and its interaction graph) into this prepared "
                         "model dir's gateway/; None = leave them in out/")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p

@@ -22,6 +22,7 @@ features (frozen encoder, like PARADE), writes ``<kind>.onnx`` and the graph
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
 
@@ -113,8 +114,9 @@ def sample_features(layout: FeatureLayout, rows: int, seed: int = 0) -> np.ndarr
     return features
 
 
-def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: float = 1e-4) -> float:
-    """Write the head as ONNX (dynamic documents and chunks), check it against PyTorch, return max |diff|."""
+def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: float = 1e-4, graph: Path | None = None) -> float:
+    """Write the head as ONNX (dynamic documents and chunks), check it against PyTorch, return max |diff|;
+    ``graph``: the interaction graph it reads, copied beside it (what ``--install-into`` installs with it)."""
     import onnx
 
     from keyrank.aggregators import TrainedAggregator, pad_by_document
@@ -136,16 +138,18 @@ def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: flo
             dynamic_axes={"pooled": {0: "documents", 1: "windows"}, "mask": {0: "documents", 1: "windows"}, OUTPUT: {0: "documents"}},
             opset_version=17, dynamo=False,
         )
-    graph = onnx.load(str(tmp))
+    proto = onnx.load(str(tmp))
     for key, value in {"kind": layout.kind, "layout": layout.to_json(), **(meta or {})}.items():
-        graph.metadata_props.add(key=key, value=value if isinstance(value, str) else json.dumps(value))
-    onnx.save(graph, str(tmp))
+        proto.metadata_props.add(key=key, value=value if isinstance(value, str) else json.dumps(value))
+    onnx.save(proto, str(tmp))
     served = TrainedAggregator.load(tmp)(doc_of, features)
     diff = float(np.max(np.abs(served - reference)))
     if not diff <= atol:
         tmp.unlink()
         raise ValueError(f"{layout.kind}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
     tmp.replace(path)
+    if graph is not None:
+        shutil.copyfile(graph, path.parent / Path(graph).name)
     return diff
 
 

@@ -5,7 +5,7 @@
     out/cache/       teacher scores, pooled vectors (computed once; --cache-dir shares them)
     out/state/       latest.pt: weights, optimizer, scheduler, RNG, position (resumable)
     out/model/       the fine-tuned checkpoint (best dev epoch): `keyrank prepare --model out/model`
-    out/<kind>.onnx  PARADE runs: the trained aggregator, served from models/gateway/; CEDR-KNRM: the
+    out/<kind>.onnx  PARADE runs: the trained aggregator, served from models/gateway/; CEDR: the
                      trained head, and out/<kind>-features.onnx the interaction graph it reads
     out/prepared/    the export of out/model (the ONNX parity check, run at the end)
     out/training.json  config, data sizes, per-epoch loss and dev metric, speed
@@ -89,8 +89,7 @@ class _Run:
         self.aggregator: torch.nn.Module | None = None
         self.teacher: TeacherScores | None = None
         self.pooled: PooledVectors | None = None
-        self.layout = None
-        """The interaction graph's feature layout (CEDR-KNRM), once it is in out/base/gateway/."""
+        self.layout = None  # the interaction graph's FeatureLayout (CEDR), once it is in out/base/gateway/
 
     def reranker(self):
         """The base model served in-process (ONNX Runtime): teacher, pooled vectors, cross selection."""
@@ -136,10 +135,7 @@ class _Run:
         if self.spec.aggregation == "trained":
             with np.load(self.out / "base" / "gateway" / "classifier_head.npz") as head:
                 weight, bias = head["weight"], head["bias"]
-            if self.spec.features is not None:  # an interaction head, over the graph's chunk features
-                module = interaction.build(self.layout, weight, bias)
-            else:
-                module = parade.build(c.strategy, int(weight.shape[1]), weight, bias)
+            module = interaction.build(self.layout, weight, bias) if self.layout else parade.build(c.strategy, int(weight.shape[1]), weight, bias)
             self.aggregator = module.to(self.device).train()
 
     # --- scoring -----------------------------------------------------------------------------
@@ -385,9 +381,8 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
         path = run.out / f"{kind}.onnx"
         meta = {"encoder_fingerprint": fingerprint, "encoder": run.config.model, "epoch": result.best_epoch,
                 "trained_encoder": run.encoder is not None}
-        if run.spec.features is not None:
-            interaction.export(run.aggregator, path, meta)
-            shutil.copyfile(run.out / "base" / "gateway" / run.spec.features, run.out / run.spec.features)
+        if run.spec.features is not None:  # the head, and beside it the graph whose features it was trained on
+            interaction.export(run.aggregator, path, meta, graph=run.out / "base" / "gateway" / run.spec.features)
         else:
             parade.export(run.aggregator, kind, path, meta)
         torch.save(run.aggregator.state_dict(), run.out / f"{kind}.pt")
