@@ -262,3 +262,47 @@ def test_cedr_knrm_head_trains_on_cached_features_and_is_served_after_install(kn
         expected = module.eval()(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()
     served = {r.index: r.score for r in ranking.results}
     np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_model1_translation_network_trains_inside_its_graph_and_is_served_after_install(tmp_path):
+    """`keyrank finetune --strategy model1`: the graph runs in every step (encoder frozen), T(q|d) learns, and the
+    installed graph serves what the trained module computes."""
+    import json
+    import shutil
+
+    from keyrank.data.judged import from_trec
+    from keyrank.pipeline import RerankOptions
+    from keyrank.prepare import interaction as graph
+    from keyrank.reranker import Reranker
+    from keyrank.training import finetune
+    from keyrank.training.cli import install_aggregator
+    from keyrank.training.recipe import TrecFiles
+    from toy_judged import toy_trec
+
+    model, trec = tiny_bert(tmp_path / "tiny-bert"), TrecFiles(*toy_trec(tmp_path))
+    result = finetune(model=str(model), out=tmp_path / "run", strategy="model1", trec=trec, epochs=1, groups_per_step=2,
+                      aggregator_lr=1e-2, seed=0, progress=False, threads=2, dev_max_queries=None)
+    assert result.finished and result.model_dir is None
+    assert (result.out / features_file("model1")).exists() and result.aggregator.name == head_file("model1")
+    untrained = graph.build(model, "model1")
+    state = torch.load(result.out / "state" / "latest.pt", weights_only=False)["encoder"]
+    trained = {k.removeprefix("translation."): v for k, v in state.items() if k.startswith("translation.")}
+    assert not torch.allclose(trained["project.weight"], untrained.translation.project.weight)  # it trained
+    assert torch.equal(state["model.classifier.weight"], untrained.model.classifier.weight)  # the encoder did not
+
+    installed = tmp_path / "installed"
+    shutil.copytree(result.out / "base", installed)
+    install_aggregator(result.aggregator, installed)
+    config = json.loads((result.out / "training.json").read_text())["config"]
+    judged = from_trec(config["trec"]["qrels"], config["trec"]["docs"], config["trec"]["queries"])[0]
+    untrained.translation.load_state_dict(trained)
+    with Reranker.local(installed) as reranker:
+        ranking = reranker.rank(judged.query, list(judged.texts), strategy="model1")
+        plan = reranker.pipeline.plan(judged.query, list(judged.texts), RerankOptions(strategy="model1"))
+    chunks = [[] for _ in judged.texts]
+    for ids, doc in zip(plan.inputs.ids, plan.doc_of):
+        chunks[doc].append((torch.from_numpy(ids)[None], len(plan.query), (len(plan.query) + 2, len(ids) - 1)))
+    with torch.no_grad():
+        expected = [_reference_model1(_WithPooled(model), untrained.translation, c) for c in chunks]
+    served = {r.index: r.score for r in ranking.results}
+    np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)

@@ -145,13 +145,16 @@ def check_batch(model_dir: Path):
     return tuple(torch.from_numpy(batch.feeds(roles=True)[name]) for name in INPUTS)
 
 
-def export(module: ChunkFeatures, model_dir: Path, meta: dict | None = None, *, atol: float = 1e-3) -> dict:
-    """Write ``model_dir/gateway/<kind>-features.onnx``, checked against PyTorch; what was checked."""
+def export(module: ChunkFeatures, model_dir: Path, meta: dict | None = None, *, atol: float = 1e-3,
+           folder: Path | None = None) -> dict:
+    """Write ``<kind>-features.onnx`` into ``folder`` (default: ``model_dir/gateway/``), checked against PyTorch
+    on ``model_dir``'s serving pipeline; what was checked."""
     import onnx
     import onnxruntime as ort
 
     batch = check_batch(model_dir)
-    path = Path(model_dir) / "gateway" / features_file(module.layout.kind)
+    path = Path(folder or Path(model_dir) / "gateway") / features_file(module.layout.kind)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".onnx.tmp")
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUTS} | {"logits": {0: "batch"}, "pooled": {0: "batch"}}
     module = module.eval()

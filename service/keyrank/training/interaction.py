@@ -153,6 +153,43 @@ def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: flo
     return diff
 
 
+class GraphEncoder(nn.Module):
+    """Model 1's graph under training: ``forward(batch) -> (relevance [N], chunk features [N, F])``, the
+    cross-encoder in it frozen (and kept in eval mode), its translation network learning."""
+
+    def __init__(self, checkpoint: str, kind: str):
+        super().__init__()
+        from keyrank.prepare import interaction as graph
+
+        self.graph = graph.build(checkpoint, kind)
+        for p in self.graph.model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def hf(self) -> nn.Module:
+        """What the resumable state saves and restores (the whole graph: encoder and translation network)."""
+        return self.graph
+
+    def train(self, mode: bool = True) -> GraphEncoder:
+        super().train(mode)
+        self.graph.model.eval()  # frozen: no dropout in the features it computes
+        return self
+
+    def forward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, features = self.graph(batch.input_ids, batch.attention_mask, batch.token_type_ids, batch.token_roles)
+        return logits.reshape(logits.shape[0], -1)[:, -1], features
+
+
+def graph_of(encoder: nn.Module | None, model_dir: Path, folder: Path, meta: dict) -> Path | None:
+    """The trained graph of a ``GraphEncoder`` exported (checked on ``model_dir``'s pipeline) into ``folder``;
+    None for a run whose graph did not train (the CEDR heads read the base encoder's graph)."""
+    if not isinstance(encoder, GraphEncoder):
+        return None
+    from keyrank.prepare import interaction as graph
+
+    return Path(graph.export(encoder.graph, Path(model_dir), meta, folder=Path(folder))["path"])
+
+
 def graph_layout(path: Path) -> FeatureLayout | None:
     """The layout an interaction graph recorded, or None when there is no graph at ``path``."""
     if not Path(path).exists():

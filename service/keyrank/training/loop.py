@@ -130,7 +130,11 @@ class _Run:
         c = self.config
         if c.trains_encoder:
             probe = self.pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
-            self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe, attention_dropout=c.attention_dropout)
+            if self.spec.features is not None:  # Model 1: the interaction graph, its translation network trained
+                self.encoder = interaction.GraphEncoder(_checkpoint(c.model), c.strategy)
+                self.layout = self.encoder.graph.layout
+            else:
+                self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe, attention_dropout=c.attention_dropout)
             self.encoder = self.encoder.to(self.device).train()
         if self.spec.aggregation == "trained":
             with np.load(self.out / "base" / "gateway" / "classifier_head.npz") as head:
@@ -235,7 +239,8 @@ def _optimizer(run: _Run) -> torch.optim.Optimizer:
     c = run.config
     groups = []
     aggregator_lr = c.aggregator_lr or (1e-4 if c.strategy == "parade-transformer" else 1e-3)
-    for module, lr in ((run.encoder, c.lr), (run.aggregator, aggregator_lr)):
+    graph_lr = aggregator_lr if run.spec.features is not None else c.lr  # Model 1's translation network starts from scratch
+    for module, lr in ((run.encoder, graph_lr), (run.aggregator, aggregator_lr)):
         if module is None:
             continue
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -282,7 +287,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
         run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}{tag}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
         run.teacher.fill(serve, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress,
                          close=c.teacher is not None)  # the base model's own session stays for what follows
-    if run.spec.features is not None:  # the graph the head reads, from the frozen base encoder, as it will be served
+    if run.spec.features is not None and not c.trains_encoder:  # the graph the head reads, from the frozen encoder, as served
         run.layout = interaction.prepare_graph(c.model, run.out / "base", c.strategy, run.manifest["cross_encoder"]["fingerprint"])
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
@@ -367,7 +372,7 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
     from keyrank.prepare.export import fingerprint as checkpoint_fingerprint
 
     fingerprint = run.manifest["cross_encoder"]["fingerprint"]
-    if run.encoder is not None:
+    if isinstance(run.encoder, CrossEncoder):
         model_dir = run.out / "model"
         tmp = run.out / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -382,7 +387,8 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
         meta = {"encoder_fingerprint": fingerprint, "encoder": run.config.model, "epoch": result.best_epoch,
                 "trained_encoder": run.encoder is not None}
         if run.spec.features is not None:  # the head, and beside it the graph whose features it was trained on
-            interaction.export(run.aggregator, path, meta, graph=run.out / "base" / "gateway" / run.spec.features)
+            graph = interaction.graph_of(run.encoder, run.out / "base", run.out / "graph", meta) or run.out / "base" / "gateway" / run.spec.features
+            interaction.export(run.aggregator, path, meta, graph=graph)
         else:
             parade.export(run.aggregator, kind, path, meta)
         torch.save(run.aggregator.state_dict(), run.out / f"{kind}.pt")

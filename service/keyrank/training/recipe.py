@@ -112,12 +112,13 @@ class FinetuneConfig:
 
     @property
     def trains_encoder(self) -> bool:
-        """Whether the cross-encoder's weights change (else only an aggregator does). An interaction head
-        (CEDR-KNRM) always trains over the frozen encoder's cached chunk features."""
+        """Whether the model's graph runs in every step (else only an aggregator trains, on cached vectors). The
+        CEDR heads train over the frozen encoder's cached chunk features; Model 1's translation network sits in
+        its graph, so its steps run the graph (the encoder in it frozen)."""
         from keyrank.interaction import KINDS
 
         if self.strategy in KINDS:
-            return False
+            return self.strategy == "model1"
         if not self.strategy.startswith("parade-"):
             return True
         return self.freeze_encoder is False
