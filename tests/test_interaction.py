@@ -208,6 +208,18 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
 
 
+def test_a_triton_backed_service_refuses_the_interaction_strategies_saying_where_they_run(prepared):
+    from keyrank.config import Settings
+    from keyrank.reranker import Reranker
+
+    _, models = prepared
+    _install(prepared, "cedr-knrm")
+    # Refused before any call: nothing listens on the port.
+    with Reranker(Settings(model_dir=models, triton_url="127.0.0.1:9", request_timeout_s=5)) as reranker:
+        with pytest.raises(InvalidRequest, match="in the gateway's process only"):
+            reranker.rank(QUERY, DOCS, strategy="cedr-knrm")
+
+
 @pytest.fixture(scope="module")
 def knrm_run(tmp_path_factory):
     """`keyrank finetune --strategy cedr-knrm` on the toy data: frozen encoder, cached chunk features."""

@@ -219,7 +219,7 @@ class Reranker:
             with_graph = getattr(self.scorer, "with_graph", None)
             if with_graph is None:
                 raise InvalidRequest(f"strategy {spec.name!r} runs its interaction graph in the gateway's process only "
-                                     "(Reranker.local); this service scores on Triton", field="strategy")
+                                     f"(Reranker.local); this service scores with {type(self.scorer).__name__}", field="strategy")
             self._feature_scorers[spec.name] = with_graph(self.settings.gateway_dir / spec.features)
         return self._feature_scorers[spec.name]
 
