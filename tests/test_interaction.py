@@ -208,16 +208,26 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
 
 
-def test_a_triton_backed_service_refuses_the_interaction_strategies_saying_where_they_run(prepared):
+def test_embedded_triton_serves_the_interaction_graph_as_the_in_process_scorer_does(prepared):
+    """Installed as `<kind>-features` in the repositories, the graph is loaded by the embedded Triton beside the
+    cross-encoder, and the gateway sends it the chunks with their token roles: the same scores as in-process."""
     from keyrank.config import Settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.prepare.interaction import write_triton_models
     from keyrank.reranker import Reranker
 
     _, models = prepared
     _install(prepared, "cedr-knrm")
-    # Refused before any call: nothing listens on the port.
-    with Reranker(Settings(model_dir=models, triton_url="127.0.0.1:9", request_timeout_s=5)) as reranker:
-        with pytest.raises(InvalidRequest, match="in the gateway's process only"):
-            reranker.rank(QUERY, DOCS, strategy="cedr-knrm")
+    folders = write_triton_models(models, models / "gateway" / features_file("cedr-knrm"))
+    assert sorted(f.parent.name for f in folders) == ["triton", "triton-embedded"]
+    _, local = _served(models, "cedr-knrm")
+    settings = Settings(model_dir=models, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
+    with EmbeddedTriton(settings=settings) as server:
+        assert server.graphs == ("cedr-knrm-features",)
+        with Reranker(Settings(model_dir=models, triton_url=server.grpc_url, request_timeout_s=120)) as reranker:
+            ranking = reranker.rank(QUERY, DOCS, strategy="cedr-knrm")
+    served = {r.index: r.score for r in ranking.results}
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], [local[i] for i in range(len(DOCS))], rtol=1e-4, atol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -187,3 +187,42 @@ def export(module: ChunkFeatures, model_dir: Path, meta: dict | None = None, *, 
         raise ValueError(f"{module.layout.kind} chunk features: ONNX differs from PyTorch by {diff:.3g} (relative) > {atol:g}")
     tmp.replace(path)
     return {"path": str(path), "layout": module.layout.to_json(), "max_abs_diff": diff, "rows": int(batch[0].shape[0])}
+
+
+def write_triton_models(model_dir: Path, graph_path: Path) -> list[Path]:
+    """The graph as a model of both Triton repositories of the prepared ``model_dir`` (``<kind>-features``: the
+    Python-backend model of ``triton-embedded/`` over the same ONNX Runtime file, and the native onnxruntime one of
+    ``triton/``), so a gateway scoring on Triton sends the strategy's chunks there; the model folders written."""
+    import shutil
+
+    from keyrank.config import get_settings
+    from keyrank.modelserver.repository import GRAPH_SUFFIX, PYTHON_MODELS
+    from keyrank.prepare.repositories import triton_config, write_if_changed
+
+    model_dir, graph_path = Path(model_dir), Path(graph_path)
+    ce = json.loads((model_dir / "gateway" / "manifest.json").read_text())["cross_encoder"]
+    name = graph_path.stem
+    if not name.endswith(GRAPH_SUFFIX):
+        raise ValueError(f"{graph_path.name}: an interaction graph's file is named <kind>{GRAPH_SUFFIX}.onnx")
+    shape = {"hidden_size": _width(graph_path), "num_labels": ce["num_labels"], "max_batch_size": 64,
+             "max_length": get_settings().longest_input(ce["max_length"]), "name": name, "inputs": INPUTS}
+    written = []
+    for repository, backend in (("triton", "onnxruntime"), ("triton-embedded", "python")):
+        folder = model_dir / repository / name
+        write_if_changed(folder / "config.pbtxt", triton_config(backend=backend, **shape))
+        (folder / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(graph_path, folder / "1" / "model.onnx")
+        if backend == "python":
+            for file in ("model.py", "grouping.py"):
+                write_if_changed(folder / "1" / file, (PYTHON_MODELS / file).read_text())
+            write_if_changed(folder / "1" / "runtime.json", json.dumps({"runtime": "onnxruntime"}) + "\n")
+        written.append(folder)
+    return written
+
+
+def _width(graph_path: Path) -> int:
+    """The feature width, from the layout the graph recorded."""
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(graph_path), load_external_data=False).metadata_props}
+    return FeatureLayout.from_json(json.loads(meta["layout"])).width

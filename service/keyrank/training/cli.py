@@ -133,6 +133,10 @@ def install_aggregator(path: Path, model_dir: Path) -> Path:
     for part in (spec.trained_parts if spec is not None else ()):
         if part != Path(path).name:
             shutil.copyfile(Path(path).parent / part, Path(model_dir) / "gateway" / part)
+    if spec is not None and spec.features is not None:  # and as a model of its Triton repositories
+        from keyrank.prepare.interaction import write_triton_models
+
+        write_triton_models(model_dir, Path(model_dir) / "gateway" / spec.features)
     target = Path(model_dir) / "gateway" / Path(path).name
     shutil.copyfile(path, target)
     return target
