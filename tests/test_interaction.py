@@ -38,10 +38,11 @@ def _install(prepared, kind: str) -> torch.nn.Module:
     checkpoint, models = prepared
     torch.manual_seed(0)
     features = graph.build(checkpoint, kind)
-    if features.translation is not None:
-        with torch.no_grad():  # every weight of T(q|d) must count
-            for p in features.translation.parameters():
-                p.add_(0.3 * torch.randn_like(p))
+    for learned in (features.translation, features.filters):
+        if learned is not None:
+            with torch.no_grad():  # every weight of T(q|d) or of the n-gram filters must count
+                for p in learned.parameters():
+                    p.add_(0.3 * torch.randn_like(p))
     graph.export(features, models)
     head = heads.build(features.layout, *_classifier(models))
     with torch.no_grad():
@@ -170,6 +171,35 @@ def test_cedr_drmm_in_chunks_equals_the_reference_histograms_of_the_whole_matric
     assert len(set(np.round(expected, 4))) == len(DOCS)
 
 
+def _reference_pacrr(model, chunks, filters, head):
+    """CEDR-PACRR reading each chunk's [layers, Q, chunk tokens] similarity matrix: n x n convolutions (zero-padded
+    at the ends), max over filters, then the k largest over all the document's window starts, per query token."""
+    from keyrank.interaction import PACRR_K, QUERY_SLOTS
+
+    per_chunk = []
+    for ids, q, (start, end) in chunks:
+        states, _ = _hidden(model, ids, q)
+        sims = torch.stack([torch.nn.functional.normalize(h[0], dim=-1)[1:1 + q] @
+                            torch.nn.functional.normalize(h[0], dim=-1)[start:end].T for h in states])
+        per_chunk.append(torch.stack([conv(torch.nn.functional.pad(sims[None], (0, n - 1, 0, n - 1))).max(1).values[0]
+                                      for n, conv in enumerate(filters.convs, start=1)], 1))  # [Q, ngrams, chunk tokens]
+    kmax = torch.cat(per_chunk, dim=2).topk(PACRR_K, dim=-1).values  # [Q, ngrams, k]
+    kmax = torch.nn.functional.pad(kmax, (0, 0, 0, 0, 0, QUERY_SLOTS - kmax.shape[0]))
+    _, pooled = _whole_matrices(model, chunks)
+    return float(head.dense(kmax.reshape(1, -1))[0, 0] + head.head(pooled.mean(0).float())[0])
+
+
+def test_cedr_pacrr_in_chunks_equals_the_reference_k_max_over_the_whole_document(prepared):
+    checkpoint, models = prepared
+    features, head = _install(prepared, "cedr-pacrr")
+    reranker, served = _served(models, "cedr-pacrr")
+    with reranker, torch.no_grad():
+        model = _WithPooled(checkpoint)
+        expected = [_reference_pacrr(model, chunks, features.filters, head) for chunks in _chunks(reranker, "cedr-pacrr")]
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)
+    assert len(set(np.round(expected, 4))) == len(DOCS)
+
+
 def test_model1_in_chunks_equals_the_reference_log_likelihood_of_the_whole_document(prepared):
     checkpoint, models = prepared
     features, _ = _install(prepared, "model1")
@@ -202,7 +232,7 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
     bare = tmp_path / "bare"
     shutil.copytree(models, bare, ignore=shutil.ignore_patterns("cedr-*", "model1*"))
     with Reranker.local(bare) as reranker:
-        for strategy in ("cedr-knrm", "cedr-drmm", "model1"):
+        for strategy in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"):
             with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {strategy}"):
                 reranker.rank(QUERY, DOCS, strategy=strategy)
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
@@ -328,3 +358,43 @@ def test_model1_translation_network_trains_inside_its_graph_and_is_served_after_
         expected = [_reference_model1(_WithPooled(model), untrained.translation, c) for c in chunks]
     served = {r.index: r.score for r in ranking.results}
     np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cedr_pacrr_filters_train_inside_the_graph_and_the_installed_pair_serves(tmp_path):
+    import shutil
+
+    from keyrank.aggregators import TrainedAggregator, pad_by_document
+    from keyrank.interaction import FeatureLayout
+    from keyrank.pipeline import RerankOptions
+    from keyrank.prepare import interaction as graph
+    from keyrank.reranker import Reranker
+    from keyrank.training import finetune
+    from keyrank.training import interaction as heads
+    from keyrank.training.cli import install_aggregator
+    from keyrank.training.recipe import TrecFiles
+    from toy_judged import toy_trec
+
+    model, trec = tiny_bert(tmp_path / "tiny-bert"), TrecFiles(*toy_trec(tmp_path))
+    result = finetune(model=str(model), out=tmp_path / "run", strategy="cedr-pacrr", trec=trec, epochs=1, groups_per_step=2,
+                      aggregator_lr=1e-2, seed=0, progress=False, threads=2, dev_max_queries=None)
+    assert result.finished and result.model_dir is None
+    state = torch.load(result.out / "state" / "latest.pt", weights_only=False)
+    torch.manual_seed(0)
+    start = graph.build(model, "cedr-pacrr").filters.state_dict()
+    trained = {k.removeprefix("filters."): v for k, v in state["encoder"].items() if k.startswith("filters.")}
+    assert trained.keys() == start.keys() and not torch.allclose(trained["convs.1.weight"], start["convs.1.weight"])
+
+    installed = tmp_path / "installed"
+    shutil.copytree(result.out / "base", installed)
+    install_aggregator(result.aggregator, installed)
+    with Reranker.local(installed) as reranker:
+        ranking = reranker.rank(QUERY, DOCS, strategy="cedr-pacrr")
+        spec = reranker.pipeline.resolve(RerankOptions(strategy="cedr-pacrr")).spec
+        plan = reranker.pipeline.plan(QUERY, DOCS, RerankOptions(strategy="cedr-pacrr"))
+        features = reranker.scorer_for(spec).score_sync(plan.inputs, want_pooled=True).pooled
+    head = heads.build(FeatureLayout.from_json(TrainedAggregator.load(result.aggregator).meta["layout"]))
+    head.load_state_dict(torch.load(result.out / "cedr-pacrr.pt"))
+    with torch.no_grad():
+        expected = head.eval()(*(torch.from_numpy(a) for a in pad_by_document(plan.doc_of, features))).numpy()
+    served = {r.index: r.score for r in ranking.results}
+    np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)

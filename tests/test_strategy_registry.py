@@ -177,6 +177,7 @@ PINNED = {
     "longp": ("whole", "single"),
     "cedr-knrm": ("disjoint", "trained"),
     "cedr-drmm": ("disjoint", "trained"),
+    "cedr-pacrr": ("disjoint", "trained"),
     "model1": ("disjoint", "trained"),
 }
 
@@ -187,7 +188,7 @@ def test_registry_rows_match_the_behaviour_pinned_above(name):
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
     assert spec.needs_pooled == (name.startswith("parade") or spec.features is not None)
     # The interaction strategies are scored by their own graph, which training writes beside their head.
-    assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "model1"))
+    assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"))
     assert spec.features is None or spec.features in spec.trained_parts
 
 

@@ -16,6 +16,10 @@ chunk whose parts add up over a document's chunks:
   similarity, [Q, layers, kernels];
 - chunk sums, ``cedr-drmm``: per query slot, per layer, per similarity bin, how many of the chunk's
   document tokens fall in the bin (counts add), [Q, layers, bins];
+- chunk values, ``cedr-pacrr``: per query slot and n-gram size, the k largest values over the chunk's
+  document positions of the n x n convolutions of the layers' similarity matrices, [Q, ngrams, k]
+  (not sums: the gateway keeps the k largest of the chunks' k largest, which is exact for every
+  window inside a chunk; the n - 1 windows that would straddle each chunk boundary are not read);
 - chunk sums, ``model1`` (Boytsov and Kolter, 2021): per query slot, the sum over the chunk's
   document tokens of the learned translation probability T(q|d) over the last layer's embeddings,
   then the chunk's document-token count, [Q + 1].
@@ -34,8 +38,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("cedr-knrm", "cedr-drmm", "model1")
+KINDS = ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1")
 """The interaction heads; each is served from ``<kind>.onnx`` and ``<kind>-features.onnx``."""
+LEARNED_GRAPHS = ("cedr-pacrr", "model1")
+"""Kinds whose graph holds learned weights (PACRR's n-gram filters, Model 1's T(q|d)): training runs the graph."""
+PACRR_NGRAMS = 3
+"""PACRR's n x n convolutions, n = 1..3 (CEDR's setting), 32 filters each, max over the filters."""
+PACRR_FILTERS = 32
+PACRR_K = 2
+"""k of PACRR's k-max pooling over document positions, per query token and n-gram size (CEDR's setting)."""
+MASKED = -1e4
+"""A k-max value where there was nothing to take (fewer document positions than k): never kept, read as 0."""
 KERNEL_MUS = (-0.9, -0.7, -0.5, -0.3, -0.1, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
 """KNRM's RBF kernel centres (Xiong et al., 2017; CEDR's setting): 10 soft-match bins and exact match."""
 KERNEL_SIGMAS = (0.1,) * 10 + (0.001,)
@@ -83,6 +96,8 @@ class FeatureLayout:
     @property
     def sums(self) -> int:
         """Width of the chunk sums."""
+        if self.kind == "cedr-pacrr":
+            return self.slots * PACRR_NGRAMS * PACRR_K
         return self.slots + 1 if self.kind == "model1" else self.slots * self.layers * self.bins
 
     @property

@@ -22,7 +22,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from keyrank.interaction import HISTOGRAM_BINS, KERNEL_MUS, KERNEL_SIGMAS, FeatureLayout, features_file
+from keyrank.interaction import (
+    HISTOGRAM_BINS,
+    KERNEL_MUS,
+    KERNEL_SIGMAS,
+    MASKED,
+    PACRR_FILTERS,
+    PACRR_K,
+    PACRR_NGRAMS,
+    FeatureLayout,
+    features_file,
+)
 from keyrank.template import ROLE_DOCUMENT, ROLE_QUERY
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "token_roles")
@@ -45,6 +55,26 @@ class Translation(nn.Module):
         q = nn.functional.normalize(self.project(self.norm(query)), dim=-1)
         d = nn.functional.normalize(self.project(self.norm(document)), dim=-1)
         return torch.sigmoid(self.scale * (q @ d.transpose(-1, -2)) + self.bias)
+
+
+class NgramFilters(nn.Module):
+    """CEDR-PACRR's learned part in the graph: per n = 1..3, ``PACRR_FILTERS`` n x n convolutions over the layers'
+    [Q, L] similarity matrices (zero-padded at the ends, as PACRR pads), max over the filters, then the k largest
+    values over the chunk's document positions per query token."""
+
+    def __init__(self, layers: int):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(layers, PACRR_FILTERS, (n, n)) for n in range(1, PACRR_NGRAMS + 1))
+
+    def forward(self, similarity: torch.Tensor, is_document: torch.Tensor) -> torch.Tensor:
+        """[layers, N, Q, L] -> [N, Q, ngrams, k]."""
+        x = (similarity * is_document[None, :, None, :]).permute(1, 0, 2, 3)  # frame and padding read as 0
+        values = []
+        for n, conv in enumerate(self.convs, start=1):
+            y = conv(nn.functional.pad(x, (0, n - 1, 0, n - 1))).max(dim=1).values  # [N, Q, L]
+            y = torch.where(is_document.unsqueeze(1) > 0, y, torch.full_like(y, MASKED))  # windows start on the document
+            values.append(y.topk(PACRR_K, dim=-1).values)
+        return torch.stack(values, dim=2)
 
 
 def query_selection(token_roles: torch.Tensor, slots: int) -> torch.Tensor:
@@ -83,15 +113,17 @@ def knrm_sums(similarity: torch.Tensor, is_document: torch.Tensor) -> torch.Tens
 class ChunkFeatures(nn.Module):
     """(logits, chunk features) of a sequence-classification cross-encoder, for ``layout.kind``."""
 
-    def __init__(self, model: nn.Module, head: nn.Module, layout: FeatureLayout, translation: Translation | None = None):
+    def __init__(self, model: nn.Module, head: nn.Module, layout: FeatureLayout, translation: Translation | None = None,
+                 filters: NgramFilters | None = None):
         super().__init__()
         from keyrank.prepare.cross_encoder import wrapper_classes
 
         self.model = model
         self.layout = layout
         self.translation = translation
-        if layout.kind == "model1" and translation is None:
-            raise ValueError("model1's graph needs its translation network")
+        self.filters = filters
+        if (layout.kind == "model1") != (translation is not None) or (layout.kind == "cedr-pacrr") != (filters is not None):
+            raise ValueError(f"{layout.kind}'s graph: Model 1 has a translation network, CEDR-PACRR n-gram filters, no other")
         self._call = wrapper_classes()[0].call
         self._seen: list[torch.Tensor] = []
         head.register_forward_hook(lambda _m, inputs, _out: self._seen.append(inputs[0]))
@@ -104,9 +136,9 @@ class ChunkFeatures(nn.Module):
         n = input_ids.shape[0]
         select = query_selection(token_roles, self.layout.slots)
         is_document = (token_roles == ROLE_DOCUMENT).float()
-        if self.layout.kind in ("cedr-knrm", "cedr-drmm"):
+        if self.layout.kind.startswith("cedr-"):
             similarity = similarities(torch.stack(out.hidden_states[-self.layout.layers:]), select)
-            reduce = knrm_sums if self.layout.kind == "cedr-knrm" else drmm_counts
+            reduce = {"cedr-knrm": knrm_sums, "cedr-drmm": drmm_counts, "cedr-pacrr": self.filters}[self.layout.kind]
             sums = reduce(similarity, is_document).reshape(n, -1)
         else:
             last = out.hidden_states[-1]
@@ -127,7 +159,8 @@ def build(checkpoint: str | Path, kind: str, translation: Translation | None = N
     layout = FeatureLayout(kind, int(head.in_features), layers)
     if kind == "model1" and translation is None:
         translation = Translation(layout.hidden)
-    return ChunkFeatures(model, head, layout, translation).eval()
+    filters = NgramFilters(layers) if kind == "cedr-pacrr" else None
+    return ChunkFeatures(model, head, layout, translation, filters).eval()
 
 
 def check_batch(model_dir: Path):

@@ -80,6 +80,11 @@ REGISTRY: dict[str, StrategySpec] = {
                      summary="disjoint chunks; per layer and query token, histograms of query x document token "
                              "similarities, counts added up; trained DRMM head over their log-counts and the mean "
                              "pooled vector (CEDR-DRMM)"),
+        StrategySpec("cedr-pacrr", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("cedr-pacrr.onnx", "cedr-pacrr-features.onnx"), features="cedr-pacrr-features.onnx",
+                     summary="disjoint chunks; per query token, the k largest values of learned n-gram convolutions "
+                             "of the layers' similarity matrices in each chunk, k-max of the chunks' k-maxes; trained "
+                             "PACRR head and the mean pooled vector (CEDR-PACRR; windows across chunk boundaries unread)"),
         StrategySpec("model1", DISJOINT, "trained", needs_pooled=True,
                      trained_parts=("model1.onnx", "model1-features.onnx"), features="model1-features.onnx",
                      summary="disjoint chunks; per query token, the chunks' sums of a learned translation "

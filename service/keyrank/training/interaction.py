@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from keyrank.aggregators import INPUTS, OUTPUT
-from keyrank.interaction import DRMM_FLOOR, KINDS, KNRM_SCALE, LOG_FLOOR, FeatureLayout
+from keyrank.interaction import DRMM_FLOOR, KINDS, KNRM_SCALE, LOG_FLOOR, MASKED, PACRR_K, PACRR_NGRAMS, FeatureLayout
 
 
 def fold(features: torch.Tensor, mask: torch.Tensor, layout: FeatureLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -79,6 +79,33 @@ class DrmmHead(nn.Module):
         return (per_token * query).sum(1) + self.head(pooled).squeeze(-1)
 
 
+class PacrrHead(nn.Module):
+    """CEDR-PACRR's head: the k largest of the chunks' k-max values per query token and n-gram size (masked chunks
+    and missing values read as 0), through PACRR's dense layers (32, 32, 1), plus a linear layer over the mean
+    [CLS] vector; the last dense layer starts at zero (parade-avg over the chunks)."""
+
+    def __init__(self, layout: FeatureLayout, hidden: int = 32):
+        super().__init__()
+        self.layout = layout
+        self.dense = nn.Sequential(nn.Linear(layout.sums, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                   nn.Linear(hidden, 1))
+        self.head = nn.Linear(layout.hidden, 1)
+        nn.init.zeros_(self.dense[-1].weight)
+        nn.init.zeros_(self.dense[-1].bias)
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h, q = self.layout.hidden, self.layout.slots
+        pooled = (features[..., :h] * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        query = ((features[..., h:h + q] * mask.unsqueeze(-1)).sum(1) > 0).to(features.dtype)
+        d, w = mask.shape
+        values = features[..., h + q:].reshape(d, w, q, PACRR_NGRAMS, PACRR_K)
+        values = torch.where(mask[:, :, None, None, None] > 0, values, torch.full_like(values, MASKED))
+        values = values.permute(0, 2, 3, 1, 4).reshape(d, q, PACRR_NGRAMS, w * PACRR_K)
+        kmax = values.topk(PACRR_K, dim=-1).values  # k-max of the chunks' k-maxes
+        kmax = torch.where(kmax > MASKED / 2, kmax, torch.zeros_like(kmax)) * query[:, :, None, None]
+        return (self.dense(kmax.reshape(d, -1)) + self.head(pooled)).squeeze(-1)
+
+
 class Model1Head(nn.Module):
     """Neural Model 1's log-likelihood of the query given the document's folded translation sums."""
 
@@ -96,7 +123,7 @@ def build(layout: FeatureLayout, head_weight: np.ndarray | None = None, head_bia
     """A fresh head; KNRM's pooled layer starts as the cross-encoder's classifier (the relevance label's row)."""
     if layout.kind not in KINDS:
         raise ValueError(f"unknown interaction head {layout.kind!r}; expected one of {KINDS}")
-    module = {"cedr-knrm": KnrmHead, "cedr-drmm": DrmmHead, "model1": Model1Head}[layout.kind](layout)
+    module = {"cedr-knrm": KnrmHead, "cedr-drmm": DrmmHead, "cedr-pacrr": PacrrHead, "model1": Model1Head}[layout.kind](layout)
     if head_weight is not None and hasattr(module, "head"):
         with torch.no_grad():
             module.head.weight.copy_(torch.as_tensor(np.asarray(head_weight, np.float32)[-1:]))
@@ -154,8 +181,9 @@ def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: flo
 
 
 class GraphEncoder(nn.Module):
-    """Model 1's graph under training: ``forward(batch) -> (relevance [N], chunk features [N, F])``, the
-    cross-encoder in it frozen (and kept in eval mode), its translation network learning."""
+    """A graph with learned weights under training (Model 1's T(q|d), CEDR-PACRR's n-gram filters):
+    ``forward(batch) -> (relevance [N], chunk features [N, F])``, the cross-encoder in it frozen (and kept in
+    eval mode), the rest learning."""
 
     def __init__(self, checkpoint: str, kind: str):
         super().__init__()

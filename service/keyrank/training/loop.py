@@ -130,7 +130,7 @@ class _Run:
         c = self.config
         if c.trains_encoder:
             probe = self.pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
-            if self.spec.features is not None:  # Model 1: the interaction graph, its translation network trained
+            if self.spec.features is not None:  # Model 1, CEDR-PACRR: the interaction graph, its learned part trained
                 self.encoder = interaction.GraphEncoder(_checkpoint(c.model), c.strategy)
                 self.layout = self.encoder.graph.layout
             else:

@@ -115,10 +115,10 @@ class FinetuneConfig:
         """Whether the model's graph runs in every step (else only an aggregator trains, on cached vectors). The
         CEDR heads train over the frozen encoder's cached chunk features; Model 1's translation network sits in
         its graph, so its steps run the graph (the encoder in it frozen)."""
-        from keyrank.interaction import KINDS
+        from keyrank.interaction import KINDS, LEARNED_GRAPHS
 
         if self.strategy in KINDS:
-            return self.strategy == "model1"
+            return self.strategy in LEARNED_GRAPHS
         if not self.strategy.startswith("parade-"):
             return True
         return self.freeze_encoder is False
