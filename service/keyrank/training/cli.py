@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
     p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
                    help="what is trained: the scorer for keyb2/maxp/firstp, the aggregator for parade-*, "
-                        "the head for cedr-knrm/cedr-drmm (over its interaction graph, frozen encoder)")
+                        "the head (and the graph's learned part) for cedr-knrm/cedr-drmm/cedr-pacrr/model1, encoder frozen")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],

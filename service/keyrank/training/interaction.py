@@ -11,12 +11,16 @@ score per document (keyrank/interaction.py has the layout):
   layer at zero, so before training it IS parade-avg over disjoint chunks.
 - ``DrmmHead``: log-counts of the folded histograms, a feed-forward score per query
   token (zero at start), summed over the query tokens, plus the pooled layer as above.
+- ``PacrrHead``: the k largest of the chunks' k-max values per query token and
+  n-gram size, PACRR's dense layers (last one zero at start) plus the pooled layer.
 - ``Model1Head``: sum over query tokens of log((folded sum of T(q|d) + floor) / |D|),
   the IBM Model 1 log-likelihood; its translation network lives in the graph.
 
 ``keyrank finetune --strategy cedr-knrm|cedr-drmm`` trains them on cached chunk
-features (frozen encoder, like PARADE), writes ``<kind>.onnx`` and the graph
-``<kind>-features.onnx`` it was trained on.
+features (frozen encoder, like PARADE); ``cedr-pacrr|model1``, whose graphs hold
+learned weights, run the graph in every step (``GraphEncoder``, encoder frozen).
+Each run writes ``<kind>.onnx`` and the graph ``<kind>-features.onnx`` it was
+trained on.
 """
 
 from __future__ import annotations
