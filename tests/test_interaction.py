@@ -316,6 +316,7 @@ def test_cedr_knrm_head_trains_on_cached_features_and_is_served_after_install(kn
     np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # runs the graph in every step: ~20-30 s on 2 cores
 def test_model1_translation_network_trains_inside_its_graph_and_is_served_after_install(tmp_path):
     """`keyrank finetune --strategy model1`: the graph runs in every step (encoder frozen), T(q|d) learns, and the
     installed graph serves what the trained module computes."""
@@ -360,6 +361,7 @@ def test_model1_translation_network_trains_inside_its_graph_and_is_served_after_
     np.testing.assert_allclose([served[i] for i in range(len(judged.texts))], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # runs the graph in every step: ~20-30 s on 2 cores
 def test_cedr_pacrr_filters_train_inside_the_graph_and_the_installed_pair_serves(tmp_path):
     import shutil
 
