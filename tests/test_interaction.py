@@ -400,3 +400,14 @@ def test_cedr_pacrr_filters_train_inside_the_graph_and_the_installed_pair_serves
         expected = head.eval()(*(torch.from_numpy(a) for a in pad_by_document(plan.doc_of, features))).numpy()
     served = {r.index: r.score for r in ranking.results}
     np.testing.assert_allclose([served[i] for i in range(len(DOCS))], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_interaction_strategies_refuse_to_train_the_encoder():
+    from pathlib import Path
+
+    from keyrank.training.recipe import FinetuneConfig
+
+    for kind, runs_graph in (("cedr-knrm", False), ("cedr-drmm", False), ("cedr-pacrr", True), ("model1", True)):
+        assert FinetuneConfig(model="m", out=Path("o"), strategy=kind).trains_encoder is runs_graph
+        with pytest.raises(ValueError, match="encoder frozen"):
+            FinetuneConfig(model="m", out=Path("o"), strategy=kind, freeze_encoder=False).trains_encoder

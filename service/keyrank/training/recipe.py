@@ -118,6 +118,9 @@ class FinetuneConfig:
         from keyrank.interaction import KINDS, LEARNED_GRAPHS
 
         if self.strategy in KINDS:
+            if self.freeze_encoder is False:
+                raise ValueError(f"{self.strategy} trains with the encoder frozen (its graph is exported from the starting "
+                                 "checkpoint); fine-tune the scorer first (--strategy maxp) and start from it")
             return self.strategy in LEARNED_GRAPHS
         if not self.strategy.startswith("parade-"):
             return True
