@@ -1,10 +1,10 @@
-"""CEDR-KNRM and Neural Model 1, split between the model server and the gateway.
+"""CEDR-KNRM, CEDR-DRMM, CEDR-PACRR and Neural Model 1, split between the model server and the gateway.
 
-Both read the encoder's token embeddings, which never leave the model: an
+All read the encoder's token embeddings, which never leave the model: an
 interaction graph (``<kind>-features.onnx``, exported by ``keyrank finetune``
 with the encoder inside, prepare/interaction.py) scores each chunk and answers,
 in place of the cross-encoder's pooled vector, one small feature vector per
-chunk whose parts add up over a document's chunks:
+chunk whose parts add up over a document's chunks (PACRR's: whose k-maxes fold by k-max):
 
     [ pooled (H) | query slots (Q) | chunk sums ]
 
@@ -27,7 +27,8 @@ chunk whose parts add up over a document's chunks:
 The gateway's head (``<kind>.onnx``, served like PARADE's trained aggregators by
 ``aggregators.TrainedAggregator``) folds the chunks (sums add; the pooled vectors are averaged)
 and scores the document: KNRM takes log of each folded kernel sum, sums over the query tokens and
-puts kernels x layers with the mean pooled vector through one linear layer; DRMM takes log-counts of
+puts kernels x layers with the mean pooled vector through one linear layer; PACRR keeps the k largest of
+the chunks' k-max values and puts them through its dense layers; DRMM takes log-counts of
 the folded histograms, scores each query token with a small feed-forward network over bins x layers
 and adds the query tokens' scores to a linear layer over the mean pooled vector; Model 1 answers the
 log-likelihood sum_q log(sum_d T(q|d) / |D|). So a document read in chunks scores exactly as the

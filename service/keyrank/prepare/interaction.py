@@ -1,4 +1,4 @@
-"""The interaction graphs of CEDR-KNRM and Neural Model 1: the encoder and each chunk's features, one ONNX.
+"""The interaction graphs of CEDR-KNRM, -DRMM, -PACRR and Neural Model 1: the encoder and each chunk's features.
 
 ``ChunkFeatures`` wraps the Hugging Face cross-encoder and answers, per chunk,
 ``logits`` (the cross-encoder's own) and ``pooled`` = the chunk's feature vector

@@ -1,4 +1,4 @@
-"""The gateway heads of CEDR-KNRM and Neural Model 1 as torch modules, their ONNX export and their graphs.
+"""The gateway heads of CEDR-KNRM, -DRMM, -PACRR and Neural Model 1 as torch modules, their export, their graphs.
 
 A head reads the chunks' feature vectors of each document, zero-padded to
 [D, W, F] with a [D, W] chunk mask (``aggregators.pad_by_document``, as PARADE's
