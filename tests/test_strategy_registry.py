@@ -175,6 +175,10 @@ PINNED = {
     "parade-attn": ("sliding", "trained"),
     "parade-transformer": ("sliding", "trained"),
     "longp": ("whole", "single"),
+    "cedr-knrm": ("disjoint", "trained"),
+    "cedr-drmm": ("disjoint", "trained"),
+    "cedr-pacrr": ("disjoint", "trained"),
+    "model1": ("disjoint", "trained"),
 }
 
 
@@ -182,7 +186,10 @@ PINNED = {
 def test_registry_rows_match_the_behaviour_pinned_above(name):
     spec = REGISTRY[name]
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
-    assert spec.needs_pooled == name.startswith("parade")
+    assert spec.needs_pooled == (name.startswith("parade") or spec.features is not None)
+    # The interaction strategies are scored by their own graph, which training writes beside their head.
+    assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"))
+    assert spec.features is None or spec.features in spec.trained_parts
 
 
 def _counting_long(counting, max_length: int, **overrides) -> Reranker:

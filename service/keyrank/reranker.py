@@ -122,6 +122,7 @@ class Reranker:
         with np.load(gateway / "classifier_head.npz") as head:
             self.head = ClassifierHead(head["weight"].astype(np.float64), head["bias"].astype(np.float64))
         self._trained: dict[str, Any] = {}
+        self._feature_scorers: dict[str, Scorer] = {}
         if scorer is None:
             if not self.settings.triton_url:
                 raise ValueError("no Triton to score on: set triton_url, or use Reranker.embedded() or Reranker.local()")
@@ -175,7 +176,7 @@ class Reranker:
         plan = await asyncio.to_thread(p.finish, cut, logits, timer)
 
         with timer.stage("infer"):
-            scores = await self.scorer.score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
+            scores = await self.scorer_for(spec).score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
 
         results, usage = await asyncio.to_thread(self.fold, plan, scores.logits, scores.pooled, timer)
         top = results[: resolved.top_n] if resolved.top_n else results
@@ -209,6 +210,19 @@ class Reranker:
             _observe(spec, usage, len(docs), passages, folded.best)
         return results, usage
 
+    def scorer_for(self, spec: StrategySpec) -> Scorer:
+        """Where a strategy's sequences are scored: the cross-encoder, or the strategy's interaction graph
+        (CEDR, Model 1: interaction.py) on the same kind of scorer, opened once."""
+        if spec.features is None:
+            return self.scorer
+        if spec.name not in self._feature_scorers:
+            with_graph = getattr(self.scorer, "with_graph", None)
+            if with_graph is None:
+                raise InvalidRequest(f"strategy {spec.name!r} runs its interaction graph in the gateway's process only "
+                                     f"(Reranker.local); this service scores with {type(self.scorer).__name__}", field="strategy")
+            self._feature_scorers[spec.name] = with_graph(self.settings.gateway_dir / spec.features)
+        return self._feature_scorers[spec.name]
+
     def _aggregator(self, spec):
         """The trained aggregator of a strategy that has one (PARADE-Attn/Transformer), loaded once."""
         if not spec.trained_parts:
@@ -225,6 +239,8 @@ class Reranker:
         return await self.scorer.ready(self.settings.triton_connect_timeout_s)
 
     async def aclose(self) -> None:
+        for scorer in self._feature_scorers.values():
+            await scorer.close()
         await self.scorer.close()
 
     def rank(

@@ -26,6 +26,10 @@ import numpy as np
 
 DECODER_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "gemma", "gemma2", "gemma3_text", "phi3"})
 """HF ``model_type`` of causal LMs scored as yes/no rerankers."""
+ROLE_QUERY = 1
+"""``InputTemplate.roles``: a query token."""
+ROLE_DOCUMENT = 2
+"""``InputTemplate.roles``: a document token."""
 
 @dataclass(frozen=True, slots=True)
 class InputTemplate:
@@ -92,6 +96,17 @@ class InputTemplate:
                 _types(self.suffix_types, len(self.suffix)),
             ])
         return ids, types
+
+    def roles(self, query_tokens: int, document_tokens: int) -> np.ndarray:
+        """int8 [n] what each position of ``build``'s output holds: ``ROLE_QUERY``, ``ROLE_DOCUMENT`` or 0 (frame).
+
+        The interaction graphs (CEDR, Model 1) read it to know which positions are query and document
+        tokens, whatever the family's frame."""
+        return np.concatenate([
+            np.zeros(len(self.prefix), np.int8), np.full(query_tokens, ROLE_QUERY, np.int8),
+            np.zeros(len(self.middle), np.int8), np.full(document_tokens, ROLE_DOCUMENT, np.int8),
+            np.zeros(len(self.suffix), np.int8),
+        ])
 
     def to_json(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}

@@ -36,7 +36,7 @@ from keyrank.modelserver.arguments import (
     missing_model_message,
 )
 from keyrank.modelserver.process import ServerProcess
-from keyrank.modelserver.repository import MODEL_NAME, stage
+from keyrank.modelserver.repository import GRAPH_SUFFIX, MODEL_NAME, stage
 from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.workdir import WorkDir
 
@@ -83,6 +83,9 @@ class EmbeddedTriton:
         } or _repository_models(Path(repository or variant).resolve(), self.model)
         """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
         self._served = served
+        self.graphs: tuple[str, ...] = tuple(n for n in self.prepared if n.endswith(GRAPH_SUFFIX) and n not in self.models)
+        """Interaction graphs installed beside the model (``keyrank finetune --install-into``), loaded with it;
+        not watched by the supervisor."""
 
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
@@ -197,7 +200,7 @@ class EmbeddedTriton:
             # Explicit control: the supervisor can unload a model whose stub died (readiness 503 at
             # once) and load it again; only our model is loaded, and only with the admin key.
             "--model-control-mode=explicit",
-            *(f"--load-model={model}" for model in self.models),
+            *(f"--load-model={model}" for model in self.models + self.graphs),
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",

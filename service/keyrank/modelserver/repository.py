@@ -23,6 +23,10 @@ MODEL_NAME = "cross_encoder"
 """Name of the cross-encoder in every repository `keyrank prepare` writes."""
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 """Input names, INT64 [N, L]; every exported model takes all three."""
+GRAPH_SUFFIX = "-features"
+"""Models named ``<kind>-features`` in a repository are interaction graphs (CEDR, Model 1: keyrank/interaction.py):
+the same Python-backend model over their own ONNX file, with a fourth input, ``token_roles``; the embedded server
+loads them beside the cross-encoder."""
 PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"
 """The Python-backend models `keyrank prepare` copies into a version folder (they run in Triton's stub)."""
 

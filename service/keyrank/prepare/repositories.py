@@ -31,12 +31,12 @@ def warmup_lengths(max_length: int) -> tuple[int, ...]:
                            max_length=s.longest_input(max_length))
 
 
-def warmup_config(max_length: int) -> str:
+def warmup_config(max_length: int, inputs: tuple[str, ...] = INPUTS) -> str:
     """``model_warmup``: one zero batch of each width in ``warmup_lengths``."""
     entries = []
     for length in warmup_lengths(max_length):
         tensors = " ".join(
-            f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in INPUTS
+            f'inputs {{ key: "{n}" value: {{ data_type: TYPE_INT64 dims: [ {length} ] zero_data: true }} }}' for n in inputs
         )
         entries.append(f'  {{ name: "warmup_{length}" batch_size: 1 {tensors} }}')
     return "model_warmup [\n" + ",\n".join(entries) + "\n]"
@@ -54,14 +54,15 @@ def warmup_config(max_length: int) -> str:
 
 def triton_config(
     *, backend: str, hidden_size: int, num_labels: int, max_batch_size: int, max_length: int,
-    instances: int = 1, tensorrt_fp16: bool = False,
+    instances: int = 1, tensorrt_fp16: bool = False, name: str = MODEL_NAME, inputs: tuple[str, ...] = INPUTS,
 ) -> str:
-    """config.pbtxt of the cross-encoder: dims exclude the batch axis, so clients send [N, L]."""
+    """config.pbtxt of the cross-encoder (or of an interaction graph: ``name``, its four ``inputs``, ``hidden_size``
+    its feature width): dims exclude the batch axis, so clients send [N, L]."""
     gpu = backend == "onnxruntime"
-    inputs = ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in INPUTS)
+    names, inputs = inputs, ",\n".join(f'  {{ name: "{n}" data_type: TYPE_INT64 dims: [ -1 ] }}' for n in inputs)
     preferred = sorted({max(1, max_batch_size // 4), max(1, max_batch_size // 2), max_batch_size})
     lines = [
-        f'name: "{MODEL_NAME}"',
+        f'name: "{name}"',
         f'backend: "{backend}"',
         f"max_batch_size: {max_batch_size}",
         f"input [\n{inputs}\n]",
@@ -75,12 +76,12 @@ def triton_config(
         f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n"
         f"  max_queue_delay_microseconds: {500 if gpu else 2000}\n"
         "}",
-        warmup_config(max_length),
+        warmup_config(max_length, names),
     ]
     if gpu and tensorrt_fp16:
-        full = ",".join(f"{n}:{max_batch_size}x{max_length}" for n in INPUTS)
-        opt = ",".join(f"{n}:{max(1, max_batch_size // 2)}x{min(256, max_length)}" for n in INPUTS)
-        low = ",".join(f"{n}:1x1" for n in INPUTS)
+        full = ",".join(f"{n}:{max_batch_size}x{max_length}" for n in names)
+        opt = ",".join(f"{n}:{max(1, max_batch_size // 2)}x{min(256, max_length)}" for n in names)
+        low = ",".join(f"{n}:1x1" for n in names)
         params = {
             "precision_mode": "FP16", "max_workspace_size_bytes": str(1 << 30),
             "trt_engine_cache_enable": "1", "trt_engine_cache_path": "/tmp/keyrank_trt_cache",

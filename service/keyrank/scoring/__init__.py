@@ -32,6 +32,9 @@ class ModelInputs:
     """int64 [n_i] token ids of each sequence."""
     types: list[np.ndarray]
     """int64 [n_i] token types of each sequence (zeros for models without them)."""
+    roles: list[np.ndarray] | None = None
+    """int8 [n_i] query / document / frame positions of each sequence (``InputTemplate.roles``); only the
+    interaction graphs (CEDR, Model 1) read them, as their ``token_roles`` input."""
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -42,7 +45,8 @@ class ModelInputs:
         return sum(int(ids.shape[0]) for ids in self.ids)
 
     def __add__(self, other: ModelInputs) -> ModelInputs:
-        return ModelInputs(self.ids + other.ids, self.types + other.types)
+        roles = None if self.roles is None or other.roles is None else self.roles + other.roles
+        return ModelInputs(self.ids + other.ids, self.types + other.types, roles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +89,8 @@ class Batch:
     """int64 [N, L] segment ids, 0 on padding."""
     attention_mask: np.ndarray
     """int64 [N, L] 1 on the sequence, 0 on padding."""
+    token_roles: np.ndarray | None = None
+    """int64 [N, L] ``InputTemplate.roles``, 0 on padding (None when the inputs carry no roles)."""
 
     @property
     def width(self) -> int:
@@ -103,11 +109,18 @@ class Batch:
             return batches[0]
         if len({b.width for b in batches}) != 1:
             raise ValueError(f"cannot join batches of widths {sorted({b.width for b in batches})}")
+        roles = None if any(b.token_roles is None for b in batches) else np.concatenate([b.token_roles for b in batches])
         return Batch(*(np.concatenate([getattr(b, f) for b in batches])
-                       for f in ("rows", "input_ids", "token_type_ids", "attention_mask")))
+                       for f in ("rows", "input_ids", "token_type_ids", "attention_mask")), roles)
 
-    def feeds(self) -> dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+    def feeds(self, *, roles: bool = False) -> dict[str, np.ndarray]:
+        """The cross-encoder's three inputs; ``roles``: ``token_roles`` too (an interaction graph's fourth)."""
+        feeds = {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+        if roles:
+            if self.token_roles is None:
+                raise ValueError("this graph reads token_roles, which these inputs do not carry")
+            feeds["token_roles"] = self.token_roles
+        return feeds
 
 
 def bucket_batches(
@@ -145,12 +158,15 @@ def bucket_batches(
             ids = np.full((rows.size, width), pad_id, dtype=np.int64)
             types = np.zeros((rows.size, width), dtype=np.int64)
             mask = np.zeros((rows.size, width), dtype=np.int64)
+            roles = None if inputs.roles is None else np.zeros((rows.size, width), dtype=np.int64)
             for r, row in enumerate(rows):
                 n = lengths[row]
                 ids[r, :n] = inputs.ids[row]
                 types[r, :n] = inputs.types[row]
                 mask[r, :n] = 1
-            batches.append(Batch(rows, ids, types, mask))
+                if roles is not None:
+                    roles[r, :n] = inputs.roles[row]
+            batches.append(Batch(rows, ids, types, mask, roles))
     return batches
 
 

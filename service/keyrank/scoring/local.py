@@ -75,14 +75,22 @@ class LocalScorer(InProcessScorer):
     ) -> None:
         super().__init__(pad_id=pad_id, buckets=buckets, batch_size=batch_size, max_shapes=max_shapes, multiple=multiple,
                          long_buckets=long_buckets)
+        self.threads: int = threads
+        """ONNX Runtime intra-op threads (0 = this process's cores)."""
         self.session, self.input_names, self.runtime = open_session(onnx_path, threads=threads, runtime=runtime, providers=providers)
         """The ONNX Runtime session (or an ``OpenVinoSession``, which runs alike); the inputs the graph
         declares (all three for exports of `keyrank prepare`); which runtime runs it, as found here."""
 
     def run_batch(self, batch: Batch, want_pooled: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        feeds = {k: v for k, v in batch.feeds().items() if k in self.input_names}
+        feeds = {k: v for k, v in batch.feeds(roles="token_roles" in self.input_names).items() if k in self.input_names}
         answer = self.session.run(["logits", "pooled"] if want_pooled else ["logits"], feeds, run_options())
         return answer[0], (answer[1] if want_pooled else None)
+
+    def with_graph(self, onnx_path: str | Path) -> LocalScorer:
+        """The same buckets, batches and threads on another graph (an interaction graph, models/gateway/)."""
+        scorer = LocalScorer(onnx_path, pad_id=self.pad_id, buckets=self.buckets, batch_size=self.batch_size,
+                             threads=self.threads, long_buckets=self.long_buckets, **self.shapes)
+        return scorer
 
     @property
     def closed(self) -> bool:

@@ -9,9 +9,11 @@ many requests in flight over gRPC. A dead, unready or slow Triton becomes
 from __future__ import annotations
 
 import asyncio
+import copy
 import time
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -137,9 +139,19 @@ class TritonScorer:
         """The ``--id`` the server must report (our embedded Triton, not another process on its port); None = any."""
         # gRPC aio channels and asyncio semaphores belong to the loop that made them: both are made
         # lazily on first use inside the running loop (the FastAPI app's), and remade if the loop changes.
+        self.reads_roles: bool = False
+        """The model is an interaction graph (``with_graph``): each request carries ``token_roles`` too."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: triton_aio.InferenceServerClient | None = None
         self._in_flight: FairGate | None = None
+
+    def with_graph(self, onnx_path: str | Path) -> TritonScorer:
+        """The same server, buckets and batching on an interaction graph's model (``<kind>-features``, written into
+        the repositories when the graph is installed), with its own connection and slots."""
+        graph = copy.copy(self)
+        graph.model, graph.reads_roles = Path(onnx_path).stem, True
+        graph._loop = graph._client = graph._in_flight = None
+        return graph
 
     def _connection(self) -> tuple[triton_aio.InferenceServerClient, FairGate]:
         loop = asyncio.get_running_loop()
@@ -262,7 +274,7 @@ class TritonScorer:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """One Triton request, inside a slot of ``gate`` the caller holds."""
         inputs = []
-        for name, array in batch.feeds().items():
+        for name, array in batch.feeds(roles=self.reads_roles).items():
             tensor = InferInput(name, list(array.shape), "INT64")
             tensor.set_data_from_numpy(array)
             inputs.append(tensor)

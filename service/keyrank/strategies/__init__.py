@@ -37,6 +37,9 @@ class StrategySpec:
     """The model must also return each sequence's pooled vector."""
     trained_parts: tuple[str, ...] = ()
     """Files under models/gateway/ that training writes and this strategy cannot run without."""
+    features: str | None = None
+    """An interaction graph under models/gateway/ that scores this strategy's sequences in place of the
+    cross-encoder, answering each chunk's small additive features as its pooled vector (interaction.py)."""
     summary: str = ""
     """What the cross-encoder reads and how the document is scored (docs and OpenAPI)."""
 
@@ -67,6 +70,26 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("parade-transformer", SLIDING, "trained", needs_pooled=True,
                      trained_parts=("parade-transformer.onnx",),
                      summary="sliding windows; trained transformer over pooled vectors (PARADE-Transformer)"),
+        StrategySpec("cedr-knrm", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("cedr-knrm.onnx", "cedr-knrm-features.onnx"), features="cedr-knrm-features.onnx",
+                     summary="disjoint chunks; per layer, query token and RBF kernel, the chunks' kernel sums of "
+                             "query x document token similarities, added up; trained KNRM head over their logs "
+                             "and the mean pooled vector (CEDR-KNRM)"),
+        StrategySpec("cedr-drmm", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("cedr-drmm.onnx", "cedr-drmm-features.onnx"), features="cedr-drmm-features.onnx",
+                     summary="disjoint chunks; per layer and query token, histograms of query x document token "
+                             "similarities, counts added up; trained DRMM head over their log-counts and the mean "
+                             "pooled vector (CEDR-DRMM)"),
+        StrategySpec("cedr-pacrr", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("cedr-pacrr.onnx", "cedr-pacrr-features.onnx"), features="cedr-pacrr-features.onnx",
+                     summary="disjoint chunks; per query token, the k largest values of learned n-gram convolutions "
+                             "of the layers' similarity matrices in each chunk, k-max of the chunks' k-maxes; trained "
+                             "PACRR head and the mean pooled vector (CEDR-PACRR; windows across chunk boundaries unread)"),
+        StrategySpec("model1", DISJOINT, "trained", needs_pooled=True,
+                     trained_parts=("model1.onnx", "model1-features.onnx"), features="model1-features.onnx",
+                     summary="disjoint chunks; per query token, the chunks' sums of a learned translation "
+                             "probability T(q|d) over last-layer token embeddings, added up; the document's "
+                             "IBM Model 1 log-likelihood (Neural Model 1)"),
         StrategySpec("keyb2", BLOCKS, "max",
                      summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
                              "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),

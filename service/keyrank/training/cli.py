@@ -38,7 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id (required)")
     p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
     p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
-                   help="what is trained: the scorer for keyb2/maxp/firstp, the aggregator for parade-*")
+                   help="what is trained: the scorer for keyb2/maxp/firstp, the aggregator for parade-*, "
+                        "the head (and the graph's learned part) for cedr-knrm/cedr-drmm/cedr-pacrr/model1, encoder frozen")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
@@ -84,7 +85,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                        help="pipeline setting (as KEYRANK_<NAME>), e.g. --set keyb2_budget_tokens=480; serve with the same")
     p.add_argument("--install-into", type=Path, default=None,
-                   help="PARADE: copy the trained aggregator into this prepared model dir's gateway/; None = leave it in out/")
+                   help="PARADE, CEDR: copy the trained aggregator or head (and its interaction graph) into this prepared "
+                        "model dir's gateway/; None = leave them in out/")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -116,14 +118,25 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
 
 
 def install_aggregator(path: Path, model_dir: Path) -> Path:
-    """Copy a trained aggregator into ``model_dir/gateway/`` after checking it was trained on that encoder."""
+    """Copy a trained aggregator (and the interaction graph an interaction head reads, written beside it) into
+    ``model_dir/gateway/`` after checking it was trained on that encoder."""
     from keyrank.aggregators import TrainedAggregator
+    from keyrank.strategies import REGISTRY
 
     manifest = json.loads((Path(model_dir) / "gateway" / "manifest.json").read_text())
     served = manifest["cross_encoder"]["fingerprint"]
-    trained_on = TrainedAggregator.load(path).meta.get("encoder_fingerprint")
+    meta = TrainedAggregator.load(path).meta
+    trained_on = meta.get("encoder_fingerprint")
     if trained_on != served:
         raise SystemExit(f"{path} was trained on encoder {trained_on}, but {model_dir} serves {served}: prepare the matching model first")
+    spec = REGISTRY.get(str(meta.get("kind")))
+    for part in (spec.trained_parts if spec is not None else ()):
+        if part != Path(path).name:
+            shutil.copyfile(Path(path).parent / part, Path(model_dir) / "gateway" / part)
+    if spec is not None and spec.features is not None:  # and as a model of its Triton repositories
+        from keyrank.prepare.interaction import write_triton_models
+
+        write_triton_models(model_dir, Path(model_dir) / "gateway" / spec.features)
     target = Path(model_dir) / "gateway" / Path(path).name
     shutil.copyfile(path, target)
     return target

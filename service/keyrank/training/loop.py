@@ -5,7 +5,8 @@
     out/cache/       teacher scores, pooled vectors (computed once; --cache-dir shares them)
     out/state/       latest.pt: weights, optimizer, scheduler, RNG, position (resumable)
     out/model/       the fine-tuned checkpoint (best dev epoch): `keyrank prepare --model out/model`
-    out/<kind>.onnx  PARADE runs: the trained aggregator, served from models/gateway/
+    out/<kind>.onnx  PARADE runs: the trained aggregator, served from models/gateway/; CEDR: the
+                     trained head, and out/<kind>-features.onnx the interaction graph it reads
     out/prepared/    the export of out/model (the ONNX parity check, run at the end)
     out/training.json  config, data sizes, per-epoch loss and dev metric, speed
 """
@@ -26,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
-from keyrank.training import parade
+from keyrank.training import interaction, parade
 from keyrank.training.cache import PooledVectors, TeacherScores, cache_key, shaping
 from keyrank.training.losses import distillation, ranking_loss
 from keyrank.training.model import Batch, CrossEncoder, fold
@@ -88,6 +89,7 @@ class _Run:
         self.aggregator: torch.nn.Module | None = None
         self.teacher: TeacherScores | None = None
         self.pooled: PooledVectors | None = None
+        self.layout = None  # the interaction graph's FeatureLayout (CEDR), once it is in out/base/gateway/
 
     def reranker(self):
         """The base model served in-process (ONNX Runtime): teacher, pooled vectors, cross selection."""
@@ -128,12 +130,17 @@ class _Run:
         c = self.config
         if c.trains_encoder:
             probe = self.pipeline.plan("what is a cat", ["a cat is an animal"], RerankOptions(strategy="firstp")).inputs
-            self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe, attention_dropout=c.attention_dropout)
+            if self.spec.features is not None:  # Model 1, CEDR-PACRR: the interaction graph, its learned part trained
+                self.encoder = interaction.GraphEncoder(_checkpoint(c.model), c.strategy)
+                self.layout = self.encoder.graph.layout
+            else:
+                self.encoder = CrossEncoder(_checkpoint(c.model), self.pipeline.template, probe, attention_dropout=c.attention_dropout)
             self.encoder = self.encoder.to(self.device).train()
         if self.spec.aggregation == "trained":
             with np.load(self.out / "base" / "gateway" / "classifier_head.npz") as head:
                 weight, bias = head["weight"], head["bias"]
-            self.aggregator = parade.build(c.strategy, int(weight.shape[1]), weight, bias).to(self.device).train()
+            module = interaction.build(self.layout, weight, bias) if self.layout else parade.build(c.strategy, int(weight.shape[1]), weight, bias)
+            self.aggregator = module.to(self.device).train()
 
     # --- scoring -----------------------------------------------------------------------------
     def document_scores(self, parts: list[tuple[PlannedQuery, tuple[int, ...]]]) -> torch.Tensor:
@@ -232,7 +239,8 @@ def _optimizer(run: _Run) -> torch.optim.Optimizer:
     c = run.config
     groups = []
     aggregator_lr = c.aggregator_lr or (1e-4 if c.strategy == "parade-transformer" else 1e-3)
-    for module, lr in ((run.encoder, c.lr), (run.aggregator, aggregator_lr)):
+    graph_lr = aggregator_lr if run.spec.features is not None else c.lr  # Model 1's translation network starts from scratch
+    for module, lr in ((run.encoder, graph_lr), (run.aggregator, aggregator_lr)):
         if module is None:
             continue
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -279,11 +287,14 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
         run.teacher = TeacherScores(run.cache_path(f"teacher-{c.teacher_strategy}{tag}", c.teacher_strategy, fingerprint).with_suffix(".jsonl"))
         run.teacher.fill(serve, [q.judged for q in train], strategy=c.teacher_strategy, progress=c.progress,
                          close=c.teacher is not None)  # the base model's own session stays for what follows
+    if run.spec.features is not None and not c.trains_encoder:  # the graph the head reads, from the frozen encoder, as served
+        run.layout = interaction.prepare_graph(c.model, run.out / "base", c.strategy, run.manifest["cross_encoder"]["fingerprint"])
     if not c.trains_encoder:
         # Named by the cut, not the aggregator: PARADE-Attn and -Transformer runs share one cache.
         cut_by = planning_strategy(c.strategy)
-        run.pooled = PooledVectors(run.cache_path(f"pooled-{cut_by}", cut_by))
-        run.pooled.fill(run.reranker().scorer, train + dev, progress=c.progress)
+        what = f"pooled-{cut_by}" if run.spec.features is None else f"features-{c.strategy}"
+        run.pooled = PooledVectors(run.cache_path(what, cut_by))
+        run.pooled.fill(run.reranker().scorer_for(run.spec), train + dev, progress=c.progress)
     timings["caches_s"] = time.perf_counter() - started
 
     run.build_modules()
@@ -361,7 +372,7 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
     from keyrank.prepare.export import fingerprint as checkpoint_fingerprint
 
     fingerprint = run.manifest["cross_encoder"]["fingerprint"]
-    if run.encoder is not None:
+    if isinstance(run.encoder, CrossEncoder):
         model_dir = run.out / "model"
         tmp = run.out / "model.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -375,7 +386,11 @@ def _write_outputs(run: _Run, result: FinetuneResult) -> None:
         path = run.out / f"{kind}.onnx"
         meta = {"encoder_fingerprint": fingerprint, "encoder": run.config.model, "epoch": result.best_epoch,
                 "trained_encoder": run.encoder is not None}
-        parade.export(run.aggregator, kind, path, meta)
+        if run.spec.features is not None:  # the head, and beside it the graph whose features it was trained on
+            graph = interaction.graph_of(run.encoder, run.out / "base", run.out / "graph", meta) or run.out / "base" / "gateway" / run.spec.features
+            interaction.export(run.aggregator, path, meta, graph=graph)
+        else:
+            parade.export(run.aggregator, kind, path, meta)
         torch.save(run.aggregator.state_dict(), run.out / f"{kind}.pt")
         result.aggregator = path
 

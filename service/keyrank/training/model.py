@@ -47,6 +47,8 @@ class Batch:
     """int64 [N, L] 1 on tokens, 0 on padding."""
     token_type_ids: torch.Tensor
     """int64 [N, L] 0 on padding."""
+    token_roles: torch.Tensor | None = None
+    """int64 [N, L] query / document / frame positions, 0 on padding (interaction graphs; None without roles)."""
 
     @classmethod
     def of(cls, inputs: ModelInputs, pad_id: int, device: torch.device | str = "cpu") -> Batch:
@@ -54,9 +56,13 @@ class Batch:
         ids = np.full((len(inputs), width), pad_id, np.int64)
         mask = np.zeros((len(inputs), width), np.int64)
         types = np.zeros((len(inputs), width), np.int64)
+        roles = None if inputs.roles is None else np.zeros((len(inputs), width), np.int64)
         for row, (row_ids, row_types) in enumerate(zip(inputs.ids, inputs.types)):
             ids[row, : len(row_ids)], types[row, : len(row_ids)], mask[row, : len(row_ids)] = row_ids, row_types, 1
-        return cls(*(torch.from_numpy(a).to(device) for a in (ids, mask, types)))
+            if roles is not None:
+                roles[row, : len(row_ids)] = inputs.roles[row]
+        return cls(*(torch.from_numpy(a).to(device) for a in (ids, mask, types)),
+                   None if roles is None else torch.from_numpy(roles).to(device))
 
 
 class CrossEncoder(torch.nn.Module):

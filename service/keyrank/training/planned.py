@@ -22,8 +22,8 @@ from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
 from keyrank.strategies import REGISTRY, StrategySpec
 
-TRAINABLE = ("firstp", "maxp", "keyb2", "parade-attn", "parade-transformer")
-"""Strategies ``keyrank finetune`` trains (the scorer, or PARADE's aggregator)."""
+TRAINABLE = ("firstp", "maxp", "keyb2", "parade-attn", "parade-transformer", "cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1")
+"""Strategies ``keyrank finetune`` trains (the scorer, PARADE's aggregator, or an interaction head)."""
 
 
 def planning_strategy(name: str) -> str:
@@ -31,11 +31,12 @@ def planning_strategy(name: str) -> str:
 
     PARADE-Attn/Transformer cut like parade-avg; their own rows need the trained
     file that training is about to write, so the plan is made with a sibling
-    row of the same cut that needs no trained part."""
+    row of the same cut that needs no trained part (CEDR-KNRM: avgp's disjoint chunks)."""
     spec = REGISTRY[name]
     if not spec.trained_parts:
         return name
-    return next(s.name for s in REGISTRY.values() if s.cut == spec.cut and s.needs_pooled == spec.needs_pooled and not s.trained_parts)
+    siblings = [s for s in REGISTRY.values() if s.cut == spec.cut and not s.trained_parts]
+    return next((s.name for s in siblings if s.needs_pooled == spec.needs_pooled), siblings[0].name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,8 @@ class PlannedQuery:
     """int8 [n_s] token types of each sequence."""
     firsts: np.ndarray
     """int64 [D + 1] sequences of document d are ``firsts[d]:firsts[d + 1]``."""
+    roles: list[np.ndarray] | None = None
+    """int8 [n_s] query / document / frame positions of each sequence (the interaction graphs read them)."""
 
     def sequences(self, doc: int) -> range:
         """Indices of document ``doc``'s sequences."""
@@ -58,7 +61,8 @@ class PlannedQuery:
     def model_inputs(self, docs: Sequence[int] | None = None) -> ModelInputs:
         """The sequences of ``docs`` (all when None), in document order, as the scorer takes them."""
         rows = [s for d in (range(len(self.firsts) - 1) if docs is None else docs) for s in self.sequences(d)]
-        return ModelInputs([self.ids[s].astype(np.int64) for s in rows], [self.types[s].astype(np.int64) for s in rows])
+        roles = None if self.roles is None else [self.roles[s] for s in rows]
+        return ModelInputs([self.ids[s].astype(np.int64) for s in rows], [self.types[s].astype(np.int64) for s in rows], roles)
 
     def doc_of(self, docs: Sequence[int] | None = None) -> np.ndarray:
         """int64 [S] position in ``docs`` of each sequence of ``model_inputs(docs)``."""
@@ -76,6 +80,7 @@ def plan_query(pipeline: Pipeline, judged: JudgedQuery, resolved: Resolved,
         [ids.astype(np.int32) for ids in plan.inputs.ids],
         [types.astype(np.int8) for types in plan.inputs.types],
         np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
+        plan.inputs.roles,
     )
 
 

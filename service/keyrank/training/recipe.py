@@ -112,7 +112,16 @@ class FinetuneConfig:
 
     @property
     def trains_encoder(self) -> bool:
-        """Whether the cross-encoder's weights change (else only an aggregator does)."""
+        """Whether the model's graph runs in every step (else only an aggregator trains, on cached vectors). The
+        CEDR heads train over the frozen encoder's cached chunk features; Model 1's translation network sits in
+        its graph, so its steps run the graph (the encoder in it frozen)."""
+        from keyrank.interaction import KINDS, LEARNED_GRAPHS
+
+        if self.strategy in KINDS:
+            if self.freeze_encoder is False:
+                raise ValueError(f"{self.strategy} trains with the encoder frozen (its graph is exported from the starting "
+                                 "checkpoint); fine-tune the scorer first (--strategy maxp) and start from it")
+            return self.strategy in LEARNED_GRAPHS
         if not self.strategy.startswith("parade-"):
             return True
         return self.freeze_encoder is False
