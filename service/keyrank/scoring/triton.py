@@ -102,7 +102,7 @@ class TritonScorer:
         small_sequences: float = float("inf"),
         heavy_batch_size: int | None = None,
         heavy_in_flight: int | None = None,
-        heavy_batch_s: float = 0.05,
+        heavy_batch_s: float = 0.025,
         heavy_yield_s: float = 1.0,
         long_buckets: Sequence[int] = (),
     ) -> None:
