@@ -393,12 +393,10 @@ def test_keyb2_is_run_once_per_selector():
 # --- end to end on the real service path -----------------------------------------------------------
 
 @pytest.mark.triton
-def test_keyrank_eval_runs_every_task_through_the_real_reranker(tmp_path, capsys):
+def test_keyrank_eval_runs_every_task_through_the_real_reranker(prepared_models, tmp_path, capsys):
     from keyrank.evaluation.cli import main
 
-    model_dir = REPO / "models"
-    if not (model_dir / "gateway" / "manifest.json").exists():
-        pytest.skip("run `keyrank prepare --out models` first")
+    model_dir = prepared_models
     out = tmp_path / "run"
     # Small enough for a CPU Triton: 1 DL20 topic x 2 offsets x 3 documents, 2 QMSum queries.
     args = ["--task", "qmsum", "farrel", "--strategies", "firstp", "maxp", "keyb2", "--selectors", "bm25",

@@ -99,4 +99,4 @@ def test_a_wrong_model_folder_says_where_it_looked_and_where_the_models_are(prep
         assert f"prepared models exist at {checkout_models}" in out.stderr
         assert "keyrank prepare" not in out.stderr
     else:
-        assert "run `keyrank prepare --out models`" in out.stderr
+        assert "run `keyrank prepare --out " in out.stderr

@@ -39,11 +39,12 @@ def test_keyb2_variants_are_tried_per_selector_and_named_settings_only():
         tune.parse_variant("keyb2_budgett=fill")
 
 
-def test_queries_without_a_relevant_candidate_are_refused_with_the_reason(tmp_path):
+def test_queries_without_a_relevant_candidate_are_refused_with_the_reason(prepared_models, tmp_path):
     qrels, docs, queries = toy_trec(tmp_path)
     qrels.write_text("".join(line.rsplit(" ", 1)[0] + " 0\n" for line in qrels.read_text().splitlines()))
     with pytest.raises(SystemExit, match="nothing to measure"):
-        tune.main(["--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries), "--out", str(tmp_path / "t")])
+        tune.main(["--qrels", str(qrels), "--docs", str(docs), "--queries", str(queries), "--model-dir", str(prepared_models),
+                   "--out", str(tmp_path / "t")])
 
 
 def test_tune_ranks_systems_on_trec_files_and_writes_an_env_file_that_serve_reads(prepared_models, tmp_path, monkeypatch):
