@@ -12,6 +12,7 @@ import pytest
 from keyrank.aggregate import ClassifierHead
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.reranker import Reranker
+from keyrank.resolved import resolve
 from keyrank.strategies import REGISTRY
 from keyrank.strategies.cuts import BLOCKS
 from shared_data import DATASETS
@@ -50,8 +51,6 @@ def test_the_rows_read_at_least_two_passes_and_keyb2_passes_raises_it(local):
     assert pipeline.resolve(RerankOptions(strategy="keyb2")).settings.keyb2_passes == 1
     assert pipeline.resolve(RerankOptions(strategy="keyb2-parade-avg")).settings.keyb2_passes == 2
     three = pipeline.settings.with_overrides(keyb2_passes=3)
-    from keyrank.resolved import resolve
-
     assert resolve(RerankOptions(strategy="keyb2-parade-max"), three, pipeline.template,
                    pipeline.gateway_dir).settings.keyb2_passes == 3
 
