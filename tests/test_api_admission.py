@@ -78,6 +78,15 @@ def test_keyb2_costs_a_sequence_per_pass_the_text_can_fill():
     assert _cost("keyb2", "bm25", Q, [huge], passes, frame_tokens=FRAME) == 3
 
 
+def test_keyb2_parade_costs_its_rows_fewest_passes_unless_keyb2_passes_raises_them():
+    short = "x" * int(300 * CHARS_PER_TOKEN)
+    huge = "x" * int(10_000 * CHARS_PER_TOKEN)
+    for strategy in ("keyb2-parade-avg", "keyb2-parade-max"):
+        # keyb2_passes is 1, the rows read 2 while the text lasts; 3 when the setting says so
+        assert _cost(strategy, "bm25", Q, [TOKENS_1000, short, huge], S, frame_tokens=FRAME) == 2 + 1 + 2
+        assert _cost(strategy, "bm25", Q, [huge], S.with_overrides(keyb2_passes=3), frame_tokens=FRAME) == 3
+
+
 def test_cost_respects_the_window_caps_and_max_tokens_per_doc():
     huge = "x" * int(100_000 * CHARS_PER_TOKEN)
     assert _cost("maxp", None, Q, [huge], S, frame_tokens=FRAME) == S.max_windows_per_doc

@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")
     keyb2_dedup_jaccard: float | None = Field(None, gt=0.0, le=1.0, description="KeyB2 skips a block whose token set has at least this Jaccard with a chosen block; unset = off.")
-    keyb2_passes: int = Field(1, ge=1, le=3, description="KeyB2 model inputs per document: the best blocks fill the first, the next best the second, up to 3 (a pass with no block left is not scored); the document's score is the best pass's. 1 = the papers' one reading (docs/EVALUATION.md: the quality-vs-tokens curve).")
+    keyb2_passes: int = Field(1, ge=1, le=3, description="KeyB2 model inputs per document: the best blocks fill the first, the next best the second, up to 3 (a pass with no block left is not scored); the document's score is the best pass's. 1 = the papers' one reading (docs/EVALUATION.md: the quality-vs-tokens curve). keyb2-parade-avg/max fold the passes' pooled vectors instead and read at least 2 (their rows' least_passes).")
     keyb2_fusion_weight: float = Field(0.0, ge=0.0, description="KeyB2 document score + this weight x the document's best selector block score, z-normalised over the request's documents. 0 = off (the default): above 0 a score depends on the other candidates.")
 
     # --- document cache (doc_cache.py) -----------------------------------------

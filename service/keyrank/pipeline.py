@@ -219,7 +219,7 @@ class Pipeline:
     def assemble(self, cut: Cut) -> list[Passage]:
         """The passages each document contributes, grouped by document (the strategy's cut)."""
         r = cut.resolved
-        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, self.settings, r.selector)
+        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector)
 
     def inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> ModelInputs:
         """The model's template around the query and each passage's token ranges."""

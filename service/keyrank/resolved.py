@@ -110,6 +110,8 @@ def resolve(options: RerankOptions, settings: Settings, template: InputTemplate,
             f"strategy {strategy!r} needs its trained part ({', '.join(missing)}); train it with "
             f"`keyrank finetune --strategy {strategy}` and prepare the model again", field="strategy"
         )
+    if spec.least_passes > settings.keyb2_passes:  # the row's own fewest passes (keyb2-parade-*)
+        settings = settings.model_copy(update={"keyb2_passes": spec.least_passes})
     cap = settings.max_windows_per_doc
     return Resolved(
         spec=spec,

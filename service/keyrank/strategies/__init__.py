@@ -42,6 +42,9 @@ class StrategySpec:
     cross-encoder, answering each chunk's small additive features as its pooled vector (interaction.py)."""
     summary: str = ""
     """What the cross-encoder reads and how the document is scored (docs and OpenAPI)."""
+    least_passes: int = 1
+    """Blocks cut: the fewest model inputs per document it reads; ``keyb2_passes`` raises it, never lowers it
+    (a fold over pooled vectors needs more than one pass to differ from keyb2)."""
 
     @property
     def needs_selector(self) -> bool:
@@ -93,6 +96,12 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2", BLOCKS, "max",
                      summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
                              "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),
+        StrategySpec("keyb2-parade-max", BLOCKS, "parade-max", needs_pooled=True, least_passes=2,
+                     summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on the element-wise "
+                             "max of their pooled vectors"),
+        StrategySpec("keyb2-parade-avg", BLOCKS, "parade-avg", needs_pooled=True, least_passes=2,
+                     summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
+                             "pooled vector"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),
