@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from keyrank.aggregators import INPUTS, OUTPUT
 from keyrank.interaction import DRMM_FLOOR, KINDS, KNRM_SCALE, LOG_FLOOR, MASKED, PACRR_K, PACRR_NGRAMS, FeatureLayout
 
 
@@ -148,39 +146,13 @@ def sample_features(layout: FeatureLayout, rows: int, seed: int = 0) -> np.ndarr
 def export(module: nn.Module, path: Path, meta: dict | None = None, *, atol: float = 1e-4, graph: Path | None = None) -> float:
     """Write the head as ONNX (dynamic documents and chunks), check it against PyTorch, return max |diff|;
     ``graph``: the interaction graph it reads, copied beside it (what ``--install-into`` installs with it)."""
-    import onnx
-
-    from keyrank.aggregators import TrainedAggregator, pad_by_document
+    from keyrank.training.parade import export_checked
 
     layout: FeatureLayout = module.layout
-    module = module.eval()
-    doc_of = np.repeat(np.arange(4), [1, 3, 5, 2])
-    features = sample_features(layout, doc_of.shape[0])
-    padded, mask = pad_by_document(doc_of, features)
-    dummy = pad_by_document(np.repeat(np.arange(2), [2, 1]), features[:3])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".onnx.tmp")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        reference = module(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()
-        torch.onnx.export(
-            module, tuple(torch.from_numpy(a) for a in dummy), str(tmp), input_names=list(INPUTS), output_names=[OUTPUT],
-            dynamic_axes={"pooled": {0: "documents", 1: "windows"}, "mask": {0: "documents", 1: "windows"}, OUTPUT: {0: "documents"}},
-            opset_version=17, dynamo=False,
-        )
-    proto = onnx.load(str(tmp))
-    for key, value in {"kind": layout.kind, "layout": layout.to_json(), **(meta or {})}.items():
-        proto.metadata_props.add(key=key, value=value if isinstance(value, str) else json.dumps(value))
-    onnx.save(proto, str(tmp))
-    served = TrainedAggregator.load(tmp)(doc_of, features)
-    diff = float(np.max(np.abs(served - reference)))
-    if not diff <= atol:
-        tmp.unlink()
-        raise ValueError(f"{layout.kind}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
-    tmp.replace(path)
+    diff = export_checked(module, path, sample_features(layout, 11), {"kind": layout.kind, "layout": layout.to_json(), **(meta or {})},
+                          atol=atol, label=layout.kind)
     if graph is not None:
-        shutil.copyfile(graph, path.parent / Path(graph).name)
+        shutil.copyfile(graph, Path(path).parent / Path(graph).name)
     return diff
 
 

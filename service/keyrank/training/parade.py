@@ -113,18 +113,24 @@ def build(kind: str, hidden: int, head_weight: np.ndarray | None = None, head_bi
 
 def export(module: nn.Module, kind: str, path: Path, meta: dict | None = None, *, atol: float = 1e-4) -> float:
     """Write ``module`` as ONNX (dynamic documents and windows), check it against PyTorch, return max |diff|."""
+    rng = np.random.default_rng(0)
+    rows = np.repeat(np.arange(4), [1, 3, 5, 2]).shape[0]
+    pooled = rng.standard_normal((rows, module.head.in_features)).astype(np.float32)
+    return export_checked(module, path, pooled, {"kind": kind, **(meta or {})}, atol=atol, label=kind)
+
+
+def export_checked(module: nn.Module, path: Path, vectors: np.ndarray, metadata: dict, *, atol: float, label: str) -> float:
+    """Write a gateway aggregator (inputs ``pooled`` [D, W, F] and ``mask`` [D, W], output [D]; dynamic D and W) as
+    ONNX with ``metadata``, check it on ``vectors`` (11 rows: documents of 1, 3, 5 and 2 windows in one padded
+    batch, so a mask bug shows) against PyTorch, and return max |diff|; the file appears only if it passes."""
     import onnx
 
     from keyrank.aggregators import TrainedAggregator, pad_by_document
 
-    hidden = module.head.in_features
     module = module.eval()
-    rng = np.random.default_rng(0)
-    # Documents of 1..5 windows in one padded batch: a mask bug shows as a difference.
     doc_of = np.repeat(np.arange(4), [1, 3, 5, 2])
-    pooled = rng.standard_normal((doc_of.shape[0], hidden)).astype(np.float32)
-    padded, mask = pad_by_document(doc_of, pooled)
-    dummy = pad_by_document(np.repeat(np.arange(2), [2, 1]), pooled[:3])
+    padded, mask = pad_by_document(doc_of, vectors)
+    dummy = pad_by_document(np.repeat(np.arange(2), [2, 1]), vectors[:3])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".onnx.tmp")
@@ -138,13 +144,13 @@ def export(module: nn.Module, kind: str, path: Path, meta: dict | None = None, *
             opset_version=17, dynamo=False,
         )
     graph = onnx.load(str(tmp))
-    for key, value in {"kind": kind, **(meta or {})}.items():
+    for key, value in metadata.items():
         graph.metadata_props.add(key=key, value=value if isinstance(value, str) else json.dumps(value))
     onnx.save(graph, str(tmp))
-    served = TrainedAggregator.load(tmp)(doc_of, pooled)
+    served = TrainedAggregator.load(tmp)(doc_of, vectors)
     diff = float(np.max(np.abs(served - reference)))
     if not diff <= atol:
         tmp.unlink()
-        raise ValueError(f"{kind}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
+        raise ValueError(f"{label}: ONNX differs from PyTorch by {diff:.3g} > {atol:g}")
     tmp.replace(path)
     return diff
