@@ -85,10 +85,14 @@ class FairGate:
         """A small request's batch asked for a slot in the last ``seconds``."""
         return time.monotonic() - self.last_small < seconds
 
+    def yielding(self) -> bool:
+        """A small request is about: its batch asked for a slot within ``yield_s``."""
+        return self.small_seen_within(self.yield_s)
+
     def heavy_limit(self) -> int:
-        """Heavy batches allowed in flight now: one while a small request is about (``yield_s``), so a small batch
+        """Heavy batches allowed in flight now: one while a small request is about (``yielding``), so a small batch
         waits behind one heavy batch at most, else ``heavy_slots``."""
-        return 1 if self.small_seen_within(self.yield_s) else self.heavy_slots
+        return 1 if self.yielding() else self.heavy_slots
 
     def _may_take(self, heavy: bool) -> bool:
         return self.busy < self.slots and (not heavy or self.heavy_busy < self.heavy_limit())

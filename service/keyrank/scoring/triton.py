@@ -242,7 +242,7 @@ class TritonScorer:
                 if not pieces:
                     break
                 width = pieces[0].width
-                rows = 1 if gate.small_seen_within(self.heavy_yield_s) else gate.pace.rows(self.heavy_batch_s, width, self.batch_size)
+                rows = 1 if gate.yielding() else gate.pace.rows(self.heavy_batch_s, width, self.batch_size)
                 group = [pieces.popleft()]
                 while pieces and len(group) < rows and pieces[0].width == width:
                     group.append(pieces.popleft())
