@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +22,38 @@ def live_gateway(settings: Settings) -> Iterator[str]:
     """The gateway's base URL while the block runs; stopped (connections closed) after it."""
     with serving(create_app(settings), ready_path="/healthz") as url:
         yield url
+
+
+@contextlib.contextmanager
+def gateway_process(settings: dict[str, object]) -> Iterator[str]:
+    """The gateway as it is deployed, ``keyrank serve`` in a process of its own, with these settings (``{name:
+    value}``, as ``KEYRANK_<NAME>``; with ``triton_url`` it starts no Triton), not sharing an interpreter with the
+    test's client: for timings. Its base URL once ready; stopped after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "KEYRANK_PORT": str(port)}
+    env.update({f"KEYRANK_{name.upper()}": str(value) for name, value in settings.items()})
+    proc = subprocess.Popen([sys.executable, "-m", "keyrank.cli", "serve"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"keyrank serve did not become ready: {proc.stderr.read() if proc.poll() is not None else ''}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from keyrank.config import Settings
 from keyrank.errors import Overloaded
 from keyrank.scoring import fairness
 from keyrank.scoring.fairness import FairGate
-from live_gateway import live_gateway
+from live_gateway import gateway_process, live_gateway
 from shared_data import CE_MODEL, linked_copy
 
 # --------------------------------------------------------------------------- the gate
@@ -181,6 +181,40 @@ def test_small_requests_are_admitted_from_their_reserve_while_a_heavy_one_fills_
     assert queue.depth == 0 and queue.small_depth == 0
 
 
+def test_a_heavy_batch_waits_while_a_small_one_is_in_flight_but_no_longer_than_the_yield():
+    async def scenario(small_holds_s: float) -> float:
+        gate, release = FairGate(slots=4, heavy_slots=2, yield_s=0.3), asyncio.Event()
+
+        async def small():
+            async with gate.slot(3, False):
+                await asyncio.sleep(small_holds_s)
+
+        task = asyncio.create_task(small())
+        await asyncio.sleep(0.01)
+        t0 = time.monotonic()
+        await gate.heavy_turn()
+        waited = time.monotonic() - t0
+        await task
+        return waited
+
+    assert 0.04 < _run(scenario(0.06)) < 0.2  # until the small batch ended
+    assert 0.25 < _run(scenario(1.0)) < 0.6  # small batches in flight without a break: no longer than yield_s
+
+
+def test_a_small_batch_cancels_the_heavy_calls_queued_and_a_running_one_of_several_sequences():
+    async def scenario(running_rows: int) -> tuple[bool, bool]:
+        gate = FairGate(slots=4, heavy_slots=2)
+        loop = asyncio.get_running_loop()
+        running, queued = loop.create_future(), loop.create_future()
+        with gate.heavy_batch(running, running_rows), gate.heavy_batch(queued, 1):
+            async with gate.slot(3, False):
+                pass
+            return running.cancelled() and gate.preempted(running), queued.cancelled() and gate.preempted(queued)
+
+    assert _run(scenario(1)) == (False, True)  # one sequence running: the small batch waits for it
+    assert _run(scenario(4)) == (True, True)
+
+
 # --------------------------------------------------------------------------- live, on the embedded CPU Triton
 
 WORDS = ("the", "budget", "of", "remote", "control", "was", "agreed", "after", "a", "long", "meeting", "about",
@@ -190,8 +224,10 @@ WORDS = ("the", "budget", "of", "remote", "control", "was", "agreed", "after", "
 def _text(chars: int, seed: int) -> str:
     rng = random.Random(seed)
     words: list[str] = []
-    while sum(len(w) + 1 for w in words) < chars:
+    length = 0
+    while length < chars:
         words.append(rng.choice(WORDS))
+        length += len(words[-1]) + 1
     return " ".join(words)[:chars]
 
 
@@ -250,9 +286,10 @@ def test_small_requests_are_answered_while_a_heavy_one_runs_and_the_heavy_one_co
 
 
 async def _alone(url: str) -> float:
+    body = _heavy(12)  # built before the clock starts: it took 0.6 s when its text was built quadratically
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         t0 = time.perf_counter()
-        assert (await client.post("/rerank", json=_heavy(12))).status_code == 200
+        assert (await client.post("/rerank", json=body)).status_code == 200
         return time.perf_counter() - t0
 
 
@@ -277,25 +314,29 @@ def test_measure_small_request_latency_behind_a_heavy_one(served_default):
     """The figures in docs/RELIABILITY.md ("Fairness"): ``pytest tests/test_fairness.py -m slow -s``. Idle and
     loaded measurements alternate in rounds, so a change in the machine's other load hits both alike; the
     heavy request alone in the defaults' sized batches and in full batches (32 sequences, 8 in flight)
-    alternate too."""
+    alternate too, each after one run that warms it. The gateway runs as ``keyrank serve`` in its own process,
+    as deployed, on the test's embedded Triton."""
     models, triton, variant = served_default
-    rounds = 3
+    rounds = 5
     idle: list[float] = []
     loaded: list[tuple[int, float]] = []
     heavy: list[tuple[int, float]] = []
     alone: list[float] = []
     full: list[float] = []
-    defaults = _settings(models, triton)
-    full_batches = defaults.with_overrides(heavy_batch_size=32, heavy_in_flight=8)
+    defaults = {"model_dir": models, "triton_url": triton.grpc_url, "triton_server_id": triton.server_id,
+                "capacity_sequences_per_s": 20.0, "request_timeout_s": 60.0}  # as _settings
+    full_batches = {**defaults, "heavy_batch_size": 32, "heavy_in_flight": 8}
     for _ in range(rounds):
-        with live_gateway(defaults) as url:
+        with gateway_process(defaults) as url:  # its own process, as deployed: the client shares no interpreter with it
             asyncio.run(_idle(url, 3))  # warm
             idle += asyncio.run(_idle(url, 10))
             with_heavy, small = asyncio.run(_small_while_heavy(url, _heavy(12), smalls=10, gap_s=0.1))
             heavy.append(with_heavy)
             loaded += small
+            asyncio.run(_alone(url))  # warm: the pace is measured
             alone.append(asyncio.run(_alone(url)))
-        with live_gateway(full_batches) as url:
+        with gateway_process(full_batches) as url:
+            asyncio.run(_alone(url))
             full.append(asyncio.run(_alone(url)))
     p95 = lambda xs: statistics.quantiles(xs, n=20)[-1]
     loaded_s = [seconds for _, seconds in loaded]

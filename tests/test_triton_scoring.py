@@ -458,3 +458,43 @@ def test_a_heavy_requests_batches_are_sized_when_granted_and_answer_as_any_other
         np.testing.assert_allclose(logits, np.tile(want_logits, 3), atol=1e-4, rtol=0)
     assert sum(alone) == 63 and alone[0] == 1 and max(alone) > 1  # one sequence until the pace is measured
     assert yielding == [1] * 63
+
+
+@pytest.mark.triton
+def test_a_small_request_cancels_a_heavy_batch_and_the_heavy_request_still_answers_every_row(embedded_triton, onnx_session, sequences):
+    """A small request's batch cancels the heavy batch being computed (more than one sequence) and those queued
+    behind it; their sequences are sent again, so the heavy request answers every row as fixed batches do."""
+    from keyrank import metrics
+    from keyrank.scoring.fairness import costing
+
+    ids, types, pad_id = sequences
+    ids, types = ids * 3, types * 3
+    want_logits, _ = _reference(onnx_session, ids[:21], types[:21])
+    preempted = metrics.HEAVY_PREEMPTED._value.get()
+
+    async def body():
+        scorer = TritonScorer(embedded_triton.grpc_url, model="cross_encoder", pad_id=pad_id, batch_size=32,
+                              max_in_flight=4, small_sequences=16, heavy_in_flight=2, heavy_batch_s=10.0, heavy_yield_s=0.5)
+        try:
+            inputs = ModelInputs(list(ids), list(types))
+            with costing(100):  # measures the pace: from now on heavy batches are as long as 10 s allows (32)
+                await scorer.score(inputs, want_pooled=False, deadline=time.monotonic() + 120)
+            await asyncio.sleep(0.6)  # past the yield: the next heavy request sends full batches again
+
+            async def small():
+                await asyncio.sleep(0.3)  # its first full batch is being computed
+                with costing(3):
+                    t0 = time.monotonic()
+                    await scorer.score(ModelInputs(ids[:2], types[:2]), want_pooled=False, deadline=time.monotonic() + 60)
+                    return time.monotonic() - t0
+
+            with costing(100):
+                heavy, small_s = await asyncio.gather(
+                    scorer.score(inputs, want_pooled=False, deadline=time.monotonic() + 120), small())
+            return heavy.logits, small_s
+        finally:
+            await scorer.close()
+
+    heavy, small_s = asyncio.run(body())
+    np.testing.assert_allclose(heavy, np.tile(want_logits, 3), atol=1e-4, rtol=0)
+    assert metrics.HEAVY_PREEMPTED._value.get() > preempted

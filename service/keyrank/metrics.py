@@ -35,6 +35,10 @@ EVIDENCE_BLOCK_POSITION = Histogram(
 TRITON_BATCH_SIZE = Histogram(
     "keyrank_triton_batch_size", "Sequences per Triton request.", ["bucket"], buckets=(1, 2, 4, 8, 16, 32, 64, 128)
 )
+HEAVY_PREEMPTED = Counter(
+    "keyrank_heavy_batches_preempted_total",
+    "Heavy requests' batches cancelled in the model server's queue for a small request's batch, and sent again.",
+)
 TRITON_RTT = Histogram(
     "keyrank_triton_rtt_seconds", "Round trip of one Triton inference request.", ["bucket"], buckets=_LATENCY_BUCKETS
 )

@@ -11,17 +11,22 @@ sends to the model server:
 - how much a heavy request (costlier than ``small_sequences``) may hold: at most
   ``heavy_slots`` batches in flight at once, each as long as the gate measures the
   model server drains in ``heavy_batch_s`` (``Pace``); while small requests are
-  about (``small_seen_within(yield_s)``) one batch of one sequence: a small request
-  arriving behind it waits for one short batch, not for the heavy request's whole
-  queue of full batches, and a heavy request alone keeps the model server as busy
-  as full batches would (scoring/triton.py sizes the batch when its slot is granted);
+  about (``small_seen_within(yield_s)``) one batch of one sequence (scoring/triton.py
+  sizes the batch when its slot is granted);
+- when a heavy batch is sent: not while a small request's batch is on its way
+  (``heavy_turn``), since the model server's queue is first in, first out;
+- what a small batch cancels: the heavy batches queued at the model server and
+  the one it computes unless that is a single sequence (``heavy_batch``, ``preempted``:
+  their sequences are sent again). So a small request waits for one heavy sequence at
+  most, and a heavy request alone still runs in batches long enough to drain fast;
 - and the batch's priority level at the model server (1 = small, 2 = heavy),
   which only a Triton model configured with priority levels reads: the configs
   `keyrank prepare` writes have none (prepare/repositories.py: with them Triton's
   batcher left a request that came while the instance was busy queued up to 500 ms).
 
 A heavy request is never starved: its next batch waits only while cheaper ones
-are waiting, and those are bounded by admission's reserve for small requests.
+are waiting, and those are bounded by admission's reserve for small requests;
+small batches in flight hold it back for ``yield_s`` at most without a break.
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ import bisect
 import contextlib
 import itertools
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextvars import ContextVar
+
+from keyrank import metrics
 
 request_cost: ContextVar[float] = ContextVar("keyrank_request_cost", default=0.0)
 """The estimated cost (cross-encoder sequences) of the request whose batches are being scored."""
@@ -67,6 +75,9 @@ class FairGate:
         """Batches in flight now."""
         self.heavy_busy = 0
         """Batches of heavy requests in flight now."""
+        self.small_busy = 0
+        """Batches of small requests in flight now."""
+        self._small_since = 0.0  # ``time.monotonic()`` when small_busy last rose from 0
         self._waiting: list[tuple[float, int, bool, asyncio.Future[None]]] = []  # sorted by (cost, arrival)
         self._arrivals = itertools.count()
         self.last_small: float = float("-inf")
@@ -75,6 +86,9 @@ class FairGate:
         """What the slots drain (tokens per busy second), measured from the batches that finish."""
         self._busy_since: float | None = None
         self._busy_total = 0.0
+        self._heavy_calls: list[tuple[asyncio.Future, int]] = []  # heavy batches' calls in flight and rows, oldest first
+        self._preempted: weakref.WeakSet[asyncio.Future] = weakref.WeakSet()
+        self._changed: asyncio.Future[None] | None = None  # set when a batch ends (``heavy_turn`` looks again)
 
     def busy_seconds(self) -> float:
         """Wall time so far with at least one batch in flight."""
@@ -94,6 +108,56 @@ class FairGate:
         waits behind one heavy batch at most, else ``heavy_slots``."""
         return 1 if self.yielding() else self.heavy_slots
 
+    @contextlib.contextmanager
+    def heavy_batch(self, call: asyncio.Future, rows: int) -> Iterator[None]:
+        """Around a heavy batch's call of ``rows`` sequences to the model server, which a small request's batch
+        may cancel (``preempted``)."""
+        entry = (call, rows)
+        self._heavy_calls.append(entry)
+        try:
+            yield
+        finally:
+            self._heavy_calls.remove(entry)
+
+    def preempted(self, call: asyncio.Future) -> bool:
+        """Whether ``call`` was cancelled for a small request's batch (its sequences are to be sent again)."""
+        return call in self._preempted
+
+    def _preempt(self) -> None:
+        """A small batch takes a slot: cancel the heavy calls waiting in the model server's queue (all but the
+        oldest, which it is computing), and the one being computed too unless it is a single sequence: the
+        small batch waits for one heavy sequence at most. The model process stops a cancelled run within a few
+        milliseconds (python_models/model.py); what it had computed is lost, once per burst of small requests
+        (afterwards heavy batches are single sequences, ``heavy_limit``)."""
+        for index, (call, rows) in enumerate(self._heavy_calls):
+            if (index or rows > 1) and not call.done():
+                self._preempted.add(call)
+                call.cancel()
+                metrics.HEAVY_PREEMPTED.inc()
+
+    async def heavy_turn(self) -> None:
+        """Wait until a heavy batch may be sent (then ``slot`` grants it at once): a heavy slot free
+        (``heavy_limit``) and no small request's batch in flight, unless small ones have been in flight without a
+        break for ``yield_s``.
+
+        Triton's queue is first in, first out: a heavy batch sent while a small one is on its way would run
+        before it, or beside it in the same execution."""
+        while True:
+            now = time.monotonic()
+            if self.small_busy and now < (give_up := self._small_since + self.yield_s):
+                timeout: float | None = give_up - now  # the small batch's end wakes it
+            elif self.heavy_busy >= self.heavy_limit():
+                timeout = None  # a heavy batch's end wakes it
+            else:
+                return
+            if self._changed is None or self._changed.done():
+                self._changed = asyncio.get_running_loop().create_future()
+            await asyncio.wait([self._changed], timeout=timeout)
+
+    def _wake_heavy(self) -> None:
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
+
     def _may_take(self, heavy: bool) -> bool:
         return self.busy < self.slots and (not heavy or self.heavy_busy < self.heavy_limit())
 
@@ -102,6 +166,11 @@ class FairGate:
             self._busy_since = time.monotonic()
         self.busy += 1
         self.heavy_busy += heavy
+        if not heavy:
+            if not self.small_busy:
+                self._small_since = time.monotonic()
+            self.small_busy += 1
+            self._preempt()
 
     @contextlib.asynccontextmanager
     async def slot(self, cost: float, heavy: bool) -> AsyncIterator[None]:
@@ -130,6 +199,8 @@ class FairGate:
     def _release(self, heavy: bool) -> None:
         self.busy -= 1
         self.heavy_busy -= heavy
+        self.small_busy -= not heavy
+        self._wake_heavy()
         if self.busy == 0 and self._busy_since is not None:
             self._busy_total += time.monotonic() - self._busy_since
             self._busy_since = None

@@ -238,6 +238,7 @@ class TritonScorer:
         sequence while small requests are about, else what the model server drains in ``heavy_batch_s``."""
         answered = []
         while pieces:
+            await gate.heavy_turn()
             async with gate.slot(cost, True):
                 if not pieces:
                     break
@@ -247,7 +248,14 @@ class TritonScorer:
                 while pieces and len(group) < rows and pieces[0].width == width:
                     group.append(pieces.popleft())
                 batch = Batch.join(group)
-                answered.append((batch, await self._infer(client, gate, batch, want_pooled, deadline, True)))
+                call = asyncio.ensure_future(self._infer(client, gate, batch, want_pooled, deadline, True))
+                with gate.heavy_batch(call, len(group)):
+                    try:
+                        answered.append((batch, await call))
+                    except asyncio.CancelledError:
+                        if not gate.preempted(call) or asyncio.current_task().cancelling():
+                            raise
+                        pieces.extendleft(reversed(group))  # sent again when the small request's batch is done
         return answered
 
     async def _reconnected(self, deadline: float) -> bool:

@@ -85,7 +85,7 @@ class TritonPythonModel:
         self.session = None
 
 
-_CANCEL_POLL_S = 0.05
+_CANCEL_POLL_S = 0.005
 """How often a running batch asks whether all its requests were cancelled."""
 _FROZEN_S = 0.5
 """A poll that comes this late means the stub was frozen (SIGSTOP): Triton may have failed and freed
