@@ -83,3 +83,21 @@ def test_a_request_behind_a_running_batch_is_not_held_for_the_batchers_timeout(e
           f"max {behind[-1] * 1000:.0f} ms")
     assert len(late) <= ALLOWED, f"{len(late)} of {PAIRS} requests behind a running batch waited > {STALL_S} s " \
         f"more than it (first, second ms): {late}"
+
+
+@pytest.mark.triton
+def test_the_model_server_and_its_model_processes_yield_the_cpu_to_the_gateway(embedded_triton):
+    """On the CPU, the embedded Triton and the model processes it starts run niced (KEYRANK_EMBEDDED_NICE, 10):
+    while a heavy request's batches fill both cores, a small request's parsing, tokenizing and selection in the
+    gateway are not kept waiting behind them (docs/RELIABILITY.md, "Fairness")."""
+    import os
+
+    from keyrank.modelserver.supervision import model_stubs
+
+    server = embedded_triton.pid
+    stubs = model_stubs(server)
+    assert stubs, "no model process found under the embedded Triton"
+    gateway = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, server) == min(19, gateway + embedded_triton.settings.embedded_nice)
+    for pid in stubs:
+        assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, gateway + embedded_triton.settings.embedded_nice), pid

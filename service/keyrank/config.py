@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     embedded_max_repairs: int = Field(5, description="Failed model reloads / Triton restarts in a row (one whose fault is back within 10 s counts as failed) before the supervisor gives up and `serve` exits non-zero.")
     embedded_repair_backoff_s: float = Field(1.0, description="Wait before the 2nd repair in a row, doubling for each further one (capped at 30 s).")
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
+    embedded_nice: int = Field(10, ge=0, le=19, description="Niceness added to the embedded Triton and its model processes on the CPU: on a machine whose cores the model fills, the gateway's own work (parsing, tokenizing, selecting key blocks) is not kept waiting by it, and a small request's latency behind a heavy one's stays low. 0 = as the gateway; the GPU variant gets 0.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
     embedded_device: Literal["cpu", "cuda"] = Field("cpu", description="Embedded Triton model: 'cpu' = triton-embedded/ (ONNX Runtime); 'cuda' = triton-embedded-cuda/ (PyTorch on the GPU, written by `keyrank prepare --device cuda`). Also read by that model (KEYRANK_EMBEDDED_DEVICE).")
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")

@@ -234,7 +234,8 @@ class EmbeddedTriton:
             check_port_free(port, setting)
         self.serving = False
         try:
-            self._proc = ServerProcess(command, wheel.environment(), self.work_dir, self.log_path)
+            nice = self.settings.embedded_nice if self.settings.embedded_device == "cpu" else 0
+            self._proc = ServerProcess(command, wheel.environment(), self.work_dir, self.log_path, nice)
         except Exception as exc:
             raise EmbeddedTritonError(f"cannot start {wheel.binary}: {exc}") from exc
 

@@ -6,6 +6,7 @@ reaches them all) and ``PR_SET_PDEATHSIG``, so the kernel kills it if we die.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -32,8 +33,9 @@ die_with_parent = _die_with_parent if _prctl is not None else None
 class ServerProcess:
     """One spawned tritonserver, reaped by the thread that spawned it."""
 
-    def __init__(self, command: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
-        """Spawn ``command`` with stdout and stderr appended to ``log_path``; raises what the spawn raised."""
+    def __init__(self, command: list[str], env: dict[str, str], cwd: Path, log_path: Path, nice: int = 0) -> None:
+        """Spawn ``command`` with stdout and stderr appended to ``log_path``, ``nice`` added to its niceness (its
+        children, the model processes it starts while loading, inherit it); raises what the spawn raised."""
         spawned: list[subprocess.Popen | BaseException] = []
         done = threading.Event()
 
@@ -57,6 +59,9 @@ class ServerProcess:
                 spawned.append(exc)
                 done.set()
                 return
+            if nice:  # set from here, not between fork and exec: Triton starts its model processes much later
+                with contextlib.suppress(ProcessLookupError):  # exited already: its log says why
+                    os.setpriority(os.PRIO_PROCESS, proc.pid, os.getpriority(os.PRIO_PROCESS, proc.pid) + nice)
             spawned.append(proc)
             done.set()
             proc.wait()
