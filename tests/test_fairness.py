@@ -202,17 +202,21 @@ def test_a_heavy_batch_waits_while_a_small_one_is_in_flight_but_no_longer_than_t
 
 
 def test_a_small_batch_cancels_the_heavy_calls_queued_and_a_running_one_of_several_sequences():
-    async def scenario(running_rows: int) -> tuple[bool, bool]:
+    async def scenario(running_rows: int, expected_s: float | None, ran_s: float) -> tuple[bool, bool]:
         gate = FairGate(slots=4, heavy_slots=2)
         loop = asyncio.get_running_loop()
         running, queued = loop.create_future(), loop.create_future()
-        with gate.heavy_batch(running, running_rows), gate.heavy_batch(queued, 1):
-            async with gate.slot(3, False):
-                pass
-            return running.cancelled() and gate.preempted(running), queued.cancelled() and gate.preempted(queued)
+        with gate.heavy_batch(running, running_rows, expected_s):
+            await asyncio.sleep(ran_s)
+            with gate.heavy_batch(queued, 1, expected_s):
+                async with gate.slot(3, False):
+                    pass
+        return running.cancelled() and gate.preempted(running), queued.cancelled() and gate.preempted(queued)
 
-    assert _run(scenario(1)) == (False, True)  # one sequence running: the small batch waits for it
-    assert _run(scenario(4)) == (True, True)
+    assert _run(scenario(1, 0.05, 0.04)) == (False, True)  # one sequence past half its time: the small batch waits
+    assert _run(scenario(1, None, 0.0)) == (False, True)  # not measured yet: it waits too
+    assert _run(scenario(1, 0.5, 0.0)) == (True, True)  # one sequence just started: cancelled, half is left at most
+    assert _run(scenario(4, 0.2, 0.15)) == (True, True)  # several sequences: cancelled whatever their progress
 
 
 # --------------------------------------------------------------------------- live, on the embedded CPU Triton

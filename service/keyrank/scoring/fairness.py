@@ -16,9 +16,10 @@ sends to the model server:
 - when a heavy batch is sent: not while a small request's batch is on its way
   (``heavy_turn``), since the model server's queue is first in, first out;
 - what a small batch cancels: the heavy batches queued at the model server and
-  the one it computes unless that is a single sequence (``heavy_batch``, ``preempted``:
-  their sequences are sent again). So a small request waits for one heavy sequence at
-  most, and a heavy request alone still runs in batches long enough to drain fast;
+  the one it computes unless that is a single sequence past half its expected time
+  (``heavy_batch``, ``preempted``: their sequences are sent again). So a small request
+  waits for half a heavy sequence at most, and a heavy request alone still runs in
+  batches long enough to drain fast;
 - and the batch's priority level at the model server (1 = small, 2 = heavy),
   which only a Triton model configured with priority levels reads: the configs
   `keyrank prepare` writes have none (prepare/repositories.py: with them Triton's
@@ -86,7 +87,8 @@ class FairGate:
         """What the slots drain (tokens per busy second), measured from the batches that finish."""
         self._busy_since: float | None = None
         self._busy_total = 0.0
-        self._heavy_calls: list[tuple[asyncio.Future, int]] = []  # heavy batches' calls in flight and rows, oldest first
+        # The heavy batches' calls in flight, oldest first: (call, rows, time.monotonic() when sent, seconds expected).
+        self._heavy_calls: list[tuple[asyncio.Future, int, float, float | None]] = []
         self._preempted: weakref.WeakSet[asyncio.Future] = weakref.WeakSet()
         self._changed: asyncio.Future[None] | None = None  # set when a batch ends (``heavy_turn`` looks again)
 
@@ -109,10 +111,10 @@ class FairGate:
         return 1 if self.yielding() else self.heavy_slots
 
     @contextlib.contextmanager
-    def heavy_batch(self, call: asyncio.Future, rows: int) -> Iterator[None]:
-        """Around a heavy batch's call of ``rows`` sequences to the model server, which a small request's batch
-        may cancel (``preempted``)."""
-        entry = (call, rows)
+    def heavy_batch(self, call: asyncio.Future, rows: int, seconds: float | None) -> Iterator[None]:
+        """Around a heavy batch's call of ``rows`` sequences to the model server, expected to take ``seconds``
+        (None: not measured yet), which a small request's batch may cancel (``preempted``)."""
+        entry = (call, rows, time.monotonic(), seconds)
         self._heavy_calls.append(entry)
         try:
             yield
@@ -125,12 +127,15 @@ class FairGate:
 
     def _preempt(self) -> None:
         """A small batch takes a slot: cancel the heavy calls waiting in the model server's queue (all but the
-        oldest, which it is computing), and the one being computed too unless it is a single sequence: the
-        small batch waits for one heavy sequence at most. The model process stops a cancelled run within a few
-        milliseconds (python_models/model.py); what it had computed is lost, once per burst of small requests
-        (afterwards heavy batches are single sequences, ``heavy_limit``)."""
-        for index, (call, rows) in enumerate(self._heavy_calls):
-            if (index or rows > 1) and not call.done():
+        oldest, which it is computing), and the one being computed too unless it is a single sequence past half
+        its expected time: the small batch waits for half a heavy sequence at most. The model process stops a
+        cancelled run within a few milliseconds (python_models/model.py); what it had computed is lost: once
+        per burst of small requests for a batch of several sequences (afterwards heavy batches are single
+        sequences, ``heavy_limit``), and less than half a sequence per small request after that."""
+        now = time.monotonic()
+        for index, (call, rows, sent, seconds) in enumerate(self._heavy_calls):
+            young = seconds is not None and now - sent < seconds / 2
+            if (index or rows > 1 or young) and not call.done():
                 self._preempted.add(call)
                 call.cancel()
                 metrics.HEAVY_PREEMPTED.inc()
@@ -241,6 +246,10 @@ class Pace:
             old = self.tokens_per_s
             self.tokens_per_s = sample if old is None else (1 - self.smoothing) * old + self.smoothing * sample
             self._tokens, self._mark = 0, self._mark + busy
+
+    def seconds(self, tokens: int) -> float | None:
+        """How long the model server takes for ``tokens`` (None until measured)."""
+        return None if self.tokens_per_s is None else tokens / self.tokens_per_s
 
     def rows(self, seconds: float, width: int, most: int) -> int:
         """Rows of ``width`` tokens that drain in about ``seconds`` (1 until measured; at most ``most``)."""

@@ -249,7 +249,7 @@ class TritonScorer:
                     group.append(pieces.popleft())
                 batch = Batch.join(group)
                 call = asyncio.ensure_future(self._infer(client, gate, batch, want_pooled, deadline, True))
-                with gate.heavy_batch(call, len(group)):
+                with gate.heavy_batch(call, len(group), gate.pace.seconds(batch.rows.size * batch.width)):
                     try:
                         answered.append((batch, await call))
                     except asyncio.CancelledError:
