@@ -234,7 +234,8 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     # The rule behind "at most one repair": Triton unloads in the background, so the replaced stub
     # exits after the new one serves; a stub that dies with no successor is a crash.
     from keyrank.modelserver import supervision
-    from keyrank.modelserver.supervision import Repair, Stub, Supervisor
+    from keyrank.modelserver.stubs import Stub
+    from keyrank.modelserver.supervision import Repair, Supervisor
 
     class Server:
         model, models, pid = "cross_encoder", ("cross_encoder",), 1

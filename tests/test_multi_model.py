@@ -214,7 +214,7 @@ def test_keyrank_serve_loads_every_model_in_one_embedded_triton_and_watches_each
     import os
     import signal
 
-    from keyrank.modelserver.supervision import model_stubs
+    from keyrank.modelserver.stubs import model_stubs
     from process_tree import start_serve, stop, tritonserver_of, wait_status
 
     log = tmp_path / "serve.log"
