@@ -33,7 +33,7 @@ from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
 from keyrank.results import Evidence, RankedDocument, Ranking, Usage
 from keyrank.scoring import Scorer
 from keyrank.scoring.buckets import long_widths
-from keyrank.strategies import Passage, StrategySpec
+from keyrank.strategies import REGISTRY, Passage, StrategySpec
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
 
@@ -66,6 +66,10 @@ class Reranker:
             scorer = self.triton_scorer(self.settings, self.template)
         self.scorer: Scorer = scorer
         """Where sequences are scored."""
+        self.graphs: tuple[str, ...] = tuple(
+            name for name, spec in REGISTRY.items()
+            if spec.features and hasattr(scorer, "with_graph") and all((gateway / p).exists() for p in spec.trained_parts))
+        """The interaction strategies (CEDR, Model 1) installed when it started: ``ready`` waits on each one's graph."""
         self._embedded: Any = None
         self._loop: _LoopThread | None = None
 
@@ -172,8 +176,11 @@ class Reranker:
 
     # --- lifecycle ------------------------------------------------------------------
     async def ready(self) -> bool:
-        """The scorer's model answers."""
-        return await self.scorer.ready(self.settings.triton_connect_timeout_s)
+        """The scorer's model answers, and so does the interaction graph of every strategy in ``graphs``: a
+        strategy offered is served only while its graph is."""
+        scorers = [self.scorer, *(self.scorer_for(REGISTRY[name]) for name in self.graphs)]
+        answers = await asyncio.gather(*(scorer.ready(self.settings.triton_connect_timeout_s) for scorer in scorers))
+        return all(answers)
 
     async def aclose(self) -> None:
         for scorer in self._feature_scorers.values():

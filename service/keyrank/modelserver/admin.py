@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from keyrank.modelserver.repository import INPUTS
+from keyrank.modelserver.repository import GRAPH_INPUTS, INPUTS
 
 
 class TritonAdmin:
@@ -86,12 +86,13 @@ class TritonAdmin:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def probe_inference(self, model: str, timeout: float) -> str | None:
-        """One tiny real inference ([1, 8] tokens). None if it scored; else "timeout" or Triton's error."""
-        body = {
-            "inputs": [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in INPUTS],
-            "outputs": [{"name": "logits"}],
-        }
+    def probe_inference(self, model: str, timeout: float, *, graph: bool = False) -> str | None:
+        """One tiny real inference ([1, 8] tokens; ``graph``: an interaction graph's, with its token roles). None if
+        it scored; else "timeout" or Triton's error."""
+        inputs = [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in INPUTS]
+        if graph:  # [CLS] q q [SEP] d d d [SEP]: the graph reads query and document tokens
+            inputs.append({"name": GRAPH_INPUTS[-1], "shape": [1, 8], "datatype": "INT64", "data": [0, 1, 1, 0, 2, 2, 2, 0]})
+        body = {"inputs": inputs, "outputs": [{"name": "logits"}]}
         t0 = time.monotonic()
         status, answer = self._call("POST", f"/v2/models/{model}/infer", body, timeout=timeout)
         if status == 200:

@@ -84,8 +84,8 @@ class EmbeddedTriton:
         """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
         self._served = served
         self.graphs: tuple[str, ...] = tuple(n for n in self.prepared if n.endswith(GRAPH_SUFFIX) and n not in self.models)
-        """Interaction graphs installed beside the model (``keyrank finetune --install-into``), loaded with it;
-        not watched by the supervisor."""
+        """Interaction graphs installed beside the model (``keyrank finetune --install-into``): loaded with it,
+        watched and repaired like it."""
 
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
@@ -146,6 +146,11 @@ class EmbeddedTriton:
                 raise ModelAssetsMissing(missing_model_message(folder.parent, name))
         stage(self.repository, self.prepared)
 
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Every model loaded at start, then watched and repaired: the cross-encoders, then the graphs."""
+        return self.models + self.graphs
+
     # --- addresses ---------------------------------------------------------
 
     @property
@@ -200,7 +205,7 @@ class EmbeddedTriton:
             # Explicit control: the supervisor can unload a model whose stub died (readiness 503 at
             # once) and load it again; only our model is loaded, and only with the admin key.
             "--model-control-mode=explicit",
-            *(f"--load-model={model}" for model in self.models + self.graphs),
+            *(f"--load-model={model}" for model in self.watched),
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",
@@ -264,11 +269,11 @@ class EmbeddedTriton:
             if (
                 self.admin.server_id() == self.server_id
                 and self.admin.server_ready()
-                and all(self.admin.model_ready(model) for model in self.models)
+                and all(self.admin.model_ready(model) for model in self.watched)
             ):
                 # On CPU a warm-up buys nothing (first runs cost what later ones do) and it delays a
                 # repair by seconds: a reload uses this config without it.
-                for model in self.models:
+                for model in self.watched:
                     config = self.admin.config(model) or {}
                     config.pop("model_warmup", None)
                     self._reload_config[model] = config or None
@@ -279,14 +284,14 @@ class EmbeddedTriton:
             time.sleep(_POLL_S)
 
     def reload_model(self, timeout: float | None = None) -> float:
-        """Unload every model (readiness turns false at once), load them again; returns the seconds taken.
+        """Unload every model and graph (readiness turns false at once), load them again; returns the seconds taken.
 
         Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
         """
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         with self.lifecycle:
-            for model in self.models:
+            for model in self.watched:
                 if not self.admin.unload(model):
                     raise EmbeddedTritonError(f"Triton refused to unload {model!r}")
                 error = self.admin.load(model, timeout, self._reload_config.get(model))

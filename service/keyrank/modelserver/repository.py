@@ -26,7 +26,10 @@ INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GRAPH_SUFFIX = "-features"
 """Models named ``<kind>-features`` in a repository are interaction graphs (CEDR, Model 1: keyrank/interaction.py):
 the same Python-backend model over their own ONNX file, with a fourth input, ``token_roles``; the embedded server
-loads them beside the cross-encoder."""
+loads them beside the cross-encoder and watches them as it does the cross-encoder."""
+GRAPH_INPUTS = INPUTS + ("token_roles",)
+"""An interaction graph's inputs: the cross-encoder's three, then each token's role (0 frame and padding, 1 query,
+2 document: ``InputTemplate.roles``)."""
 PYTHON_MODELS = Path(__file__).resolve().parent / "python_models"
 """The Python-backend models `keyrank prepare` copies into a version folder (they run in Triton's stub)."""
 

@@ -7,13 +7,17 @@ restarts it. So the supervisor watches, every ``tick``:
 
 - the tritonserver process (exited -> restart it);
 - the stubs, as children of tritonserver (one died or is a zombie -> unload the
-  model at once, which turns Triton's model readiness and so the gateway's
-  ``/readyz`` to 503, then load it again through the repository API);
-- Triton's own view (server id is ours, model ready) and, on a thread of its
+  models at once, which turns Triton's model readiness and so the gateway's
+  ``/readyz`` to 503, then load them again through the repository API);
+- Triton's own view (server id is ours, models ready) and, on a thread of its
   own, a tiny real inference (an error, or a hang: probes timing out for
   ``hang_after_s`` while Triton's statistics show no execution finishing; a
   model that is only busy, its probes queued behind big batches, still
   finishes executions and is left alone).
+
+"The model" is each model loaded: every cross-encoder and every interaction
+graph installed beside one (``<kind>-features``, CEDR and Model 1), watched
+and repaired alike, since a strategy is served only while its graph is.
 
 Repairs are bounded: failed ones back off, and after ``max_repairs`` of them in
 a row (a repair whose fault is back within ``stable_after_s`` counts as failed)
@@ -44,7 +48,11 @@ class SupervisedServer(Protocol):
     model: str
     """The default model."""
     models: tuple[str, ...]
-    """Every model served, loaded, watched and repaired (``keyrank serve --models`` loads several)."""
+    """Every cross-encoder served, loaded, watched and repaired (``keyrank serve --models`` loads several)."""
+    graphs: tuple[str, ...]
+    """The interaction graphs loaded beside them (four inputs: their probe sends token roles), watched and repaired alike."""
+    watched: tuple[str, ...]
+    """``models`` then ``graphs``."""
     server_id: str
     lifecycle: Any
     """Lock held while the process is (re)started or stopped."""
@@ -146,8 +154,9 @@ class _InferenceProber(threading.Thread):
                 self.hang.answered()
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
-            admin = self.triton.admin
-            errors = {model: admin.probe_inference(model, self.timeout_s) for model in self.triton.models}
+            admin, graphs = self.triton.admin, self.triton.graphs
+            errors = {model: admin.probe_inference(model, self.timeout_s, graph=model in graphs)
+                      for model in self.triton.watched}
             timed_out = [model for model, error in errors.items() if error == "timeout"]
             if timed_out:
                 counts = [admin.execution_count(model) for model in timed_out]
@@ -237,7 +246,7 @@ class Supervisor(threading.Thread):
             self._next_http = now + self.http_every_s
             if triton.admin.server_id() not in (triton.server_id, None):
                 return Fault(Repair.RESTART, "Triton's port answers with another server's id")
-            for model in triton.models:
+            for model in triton.watched:
                 if not triton.admin.model_ready(model):
                     return Fault(Repair.RELOAD, f"model {model!r} is not ready")
         error = self._prober.last_error
@@ -249,7 +258,7 @@ class Supervisor(threading.Thread):
         return None
 
     def _check_stubs(self, server_pid: int) -> Fault | None:
-        """A stub of our model that died (and was not replaced) or stays stopped; None if all is well.
+        """A stub of our models (and graphs) that died (and was not replaced) or stays stopped; None if all is well.
 
         A stub that exits after a newer one started for the same instance was replaced, not
         killed: Triton unloads in the background, so the stub of an unloaded (or reloaded) model
@@ -258,7 +267,7 @@ class Supervisor(threading.Thread):
         """
         if self._stubs_of != server_pid:
             self._stubs, self._stubs_of, self._stopped_since = {}, server_pid, {}
-        stubs = {pid: stub for model in self.triton.models for pid, stub in model_stubs(server_pid, model).items()}
+        stubs = {pid: stub for model in self.triton.watched for pid, stub in model_stubs(server_pid, model).items()}
         live = {pid: stub for pid, stub in stubs.items() if stub.state not in ("Z", "X")}
         died = sorted(
             pid for pid, stub in self._stubs.items()
@@ -308,7 +317,8 @@ class Supervisor(threading.Thread):
         # The server may have exited since the fault was seen: then only a restart helps.
         how = fault.repair if seen_pid is not None else Repair.RESTART
         if how is Repair.RELOAD:
-            for model in triton.models:  # every model is reloaded: simple, and a fault rarely spares the rest
+            # Every model and graph is reloaded: simple, and a fault rarely spares the rest.
+            for model in triton.watched:
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
@@ -321,7 +331,7 @@ class Supervisor(threading.Thread):
                     if not triton.wanted:
                         return
                     if triton.pid not in (seen_pid, None) and triton.serving and all(
-                        triton.admin.model_ready(model) for model in triton.models
+                        triton.admin.model_ready(model) for model in triton.watched
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
                     if how is Repair.RELOAD:

@@ -1,0 +1,114 @@
+"""An installed interaction graph on the model server is part of what is served: its Triton model is written well-formed
+for the production repository, watched and repaired by the supervisor like the cross-encoder (readiness turns 503 while
+it cannot score), and with several models on one repository each model's graph is staged under a name of its own and
+found by that model's scorer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from interaction_graphs import install
+from keyrank.config import Settings
+from toy_judged import tiny_bert
+
+QUERY = "how do cats purr"
+DOCS = [
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 30 + ["Cats purr by vibrating the muscles of the larynx."] * 25),
+    "a cat is an animal",
+    " ".join(["Search engines rank documents by relevance."] * 70),
+]
+KIND = "model1"
+GRAPH = f"{KIND}-features"
+
+
+@pytest.fixture(scope="module")
+def graph_models(tmp_path_factory) -> dict[str, Path]:
+    """Two prepared tiny BERTs with Neural Model 1 installed, Triton models included: "a", and "b" whose translation
+    network T(q|d) (inside the graph) and head have other weights, so the two models' graphs of one kind score apart."""
+    from keyrank.prepare.export import prepare
+
+    root = tmp_path_factory.mktemp("graph-serving")
+    checkpoint = tiny_bert(root / "tiny-bert")
+    a, b = root / "models-a", root / "models-b"
+    prepare(str(checkpoint), a, bi_encoder=None)
+    shutil.copytree(a, b)
+    install(checkpoint, a, KIND, seed=0, triton=True)
+    install(checkpoint, b, KIND, seed=1, triton=True)
+    return {"a": a, "b": b}
+
+
+def _local_scores(models: Path) -> list[float]:
+    from keyrank.reranker import Reranker
+
+    with Reranker.local(models) as reranker:
+        ranking = reranker.rank(QUERY, DOCS, strategy=KIND)
+    return [score for _, score in sorted((r.index, r.score) for r in ranking.results)]
+
+
+def _http_scores(url: str, **fields: str) -> list[float]:
+    answer = httpx.post(f"{url}/rerank", json={"query": QUERY, "documents": DOCS, "strategy": KIND, **fields}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    return [score for _, score in sorted((r["index"], r["relevance_score"]) for r in answer.json()["results"])]
+
+
+# --- supervision: the graph is watched and repaired like the cross-encoder --------------------------------
+
+
+@pytest.mark.triton
+def test_a_killed_graph_model_process_turns_readyz_503_within_a_second_and_is_repaired_once(graph_models, tmp_path):
+    from keyrank.modelserver.stubs import model_stubs
+    from process_tree import start_serve, stop, tritonserver_of, wait_status
+
+    def live_stubs(triton: int) -> set[int]:
+        return {pid for pid, stub in model_stubs(triton, GRAPH).items() if stub.state not in ("Z", "X")}
+
+    log = tmp_path / "serve.log"
+    proc, url = start_serve(graph_models["a"], log)
+    try:
+        wait_status(url, "/readyz", 200, timeout=180)
+        before = _http_scores(url)
+        triton = tritonserver_of(proc.pid)
+        (stub,) = live_stubs(triton)
+        os.kill(stub, signal.SIGKILL)  # what the OOM killer does to a model process
+        killed = time.monotonic()
+        wait_status(url, "/readyz", 503, timeout=1.0)  # the strategy is not served: readiness says so
+        wait_status(url, "/readyz", 200, timeout=10.0)
+        assert time.monotonic() - killed < 10.0
+        np.testing.assert_allclose(_http_scores(url), before, rtol=1e-5, atol=1e-5)
+        assert tritonserver_of(proc.pid) == triton  # a model reload, not a server restart
+        assert len(live_stubs(triton)) == 1 and stub not in live_stubs(triton)
+        time.sleep(2.0)  # the replaced stub's exit, seconds later, must not read as another crash
+        assert log.read_text().count("repairing") == 1, log.read_text()[-3000:]
+    finally:
+        stop(proc)
+
+
+@pytest.mark.triton
+def test_readyz_is_503_while_the_graph_model_is_not_loaded_and_the_supervisor_loads_it_again(graph_models):
+    from keyrank.api import create_app
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.modelserver.supervision import Supervisor
+    from live_gateway import serving
+    from process_tree import wait_status
+
+    settings = Settings(model_dir=graph_models["a"])
+    with EmbeddedTriton(settings=settings, supervise=False) as triton:
+        assert triton.graphs == (GRAPH,)
+        assert triton.admin.probe_inference(GRAPH, timeout=30, graph=True) is None  # the probe the supervisor sends
+        gateway = settings.with_overrides(triton_url=triton.grpc_url, triton_server_id=triton.server_id)
+        with serving(create_app(gateway), ready_path="/readyz") as url:
+            assert triton.admin.unload(GRAPH)  # behind the gateway's back; the cross-encoder stays loaded
+            wait_status(url, "/readyz", 503, timeout=5.0)
+            assert triton.admin.model_ready(triton.model)
+            triton.supervisor = supervisor = Supervisor(triton, tick_s=0.05, http_every_s=0.1)  # stopped with the server
+            supervisor.start()
+            wait_status(url, "/readyz", 200, timeout=30.0)
+            assert [how for how, _ in supervisor.repairs] == ["model reload"]
+            np.testing.assert_allclose(_http_scores(url), _local_scores(graph_models["a"]), rtol=1e-4, atol=1e-4)
