@@ -112,3 +112,26 @@ def test_readyz_is_503_while_the_graph_model_is_not_loaded_and_the_supervisor_lo
             wait_status(url, "/readyz", 200, timeout=30.0)
             assert [how for how, _ in supervisor.repairs] == ["model reload"]
             np.testing.assert_allclose(_http_scores(url), _local_scores(graph_models["a"]), rtol=1e-4, atol=1e-4)
+
+
+# --- several models on one repository -------------------------------------------------------------------------
+
+
+@pytest.mark.triton
+def test_several_models_each_serve_their_own_graph_of_one_kind_from_one_repository(graph_models):
+    """KEYRANK_MODELS with two folders that both installed Model 1: each graph staged under its model's name, loaded,
+    and each model's requests scored by its own graph (as that folder alone scores in-process)."""
+    from keyrank.api import create_app
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from live_gateway import serving
+
+    settings = Settings(models=",".join(f"{name}={folder}" for name, folder in graph_models.items()))
+    with EmbeddedTriton(settings=settings) as triton:
+        assert triton.graphs == (f"a:{GRAPH}", f"b:{GRAPH}")
+        gateway = settings.with_overrides(triton_url=triton.grpc_url, triton_server_id=triton.server_id)
+        with serving(create_app(gateway), ready_path="/readyz") as url:
+            served = {name: _http_scores(url, model=name) for name in graph_models}
+    local = {name: _local_scores(folder) for name, folder in graph_models.items()}
+    for name in graph_models:
+        np.testing.assert_allclose(served[name], local[name], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(local["a"], local["b"], atol=1e-3)  # two graphs of one kind: the test tells them apart

@@ -161,7 +161,8 @@ class Reranker:
             if with_graph is None:
                 raise InvalidRequest(f"strategy {spec.name!r} runs its interaction graph in the gateway's process only "
                                      f"(Reranker.local); this service scores with {type(self.scorer).__name__}", field="strategy")
-            self._feature_scorers[spec.name] = with_graph(self.settings.gateway_dir / spec.features)
+            graph = self.settings.gateway_dir / spec.features
+            self._feature_scorers[spec.name] = with_graph(graph, model=self.settings.graph_model(graph.stem))
         return self._feature_scorers[spec.name]
 
     def _aggregator(self, spec):

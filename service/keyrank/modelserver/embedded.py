@@ -36,7 +36,7 @@ from keyrank.modelserver.arguments import (
     missing_model_message,
 )
 from keyrank.modelserver.process import ServerProcess
-from keyrank.modelserver.repository import GRAPH_SUFFIX, MODEL_NAME, stage
+from keyrank.modelserver.repository import GRAPH_SUFFIX, repository_models, served_models, stage
 from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.workdir import WorkDir
 
@@ -78,14 +78,15 @@ class EmbeddedTriton:
         self.model: str = self.models[0]
         """The default model (the only one unless KEYRANK_MODELS names several)."""
         variant = settings.embedded_repository()
-        self.prepared: dict[str, Path] = {
-            name: Path(folder).resolve() / variant.name / MODEL_NAME for name, folder in served.items()
-        } or _repository_models(Path(repository or variant).resolve(), self.model)
-        """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
+        self.prepared: dict[str, Path] = (served_models(served, variant.name) if served
+                                          else repository_models(Path(repository or variant).resolve(), self.model))
+        """Each model's folder as `keyrank prepare` (or `keyrank finetune --install-into`) wrote it (config.pbtxt,
+        version folders), by the name it is served as."""
         self._served = served
-        self.graphs: tuple[str, ...] = tuple(n for n in self.prepared if n.endswith(GRAPH_SUFFIX) and n not in self.models)
-        """Interaction graphs installed beside the model (``keyrank finetune --install-into``): loaded with it,
-        watched and repaired like it."""
+        self.graphs: tuple[str, ...] = tuple(
+            n for n, folder in self.prepared.items() if folder.name.endswith(GRAPH_SUFFIX) and n not in self.models)
+        """Interaction graphs installed beside the models (``keyrank finetune --install-into``): loaded with them,
+        watched and repaired like them; with several models, each named for its model (``Settings.graph_model``)."""
 
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
@@ -373,13 +374,6 @@ class EmbeddedTriton:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _repository_models(root: Path, model: str) -> dict[str, Path]:
-    """A repository folder's models: ``model`` (served; ``_stage`` names it if missing), then every other model
-    folder in it, staged too so that the admin API loads them as it would from the folder itself."""
-    others = sorted(p for p in root.iterdir() if p.is_dir() and p.name != model and (p / "config.pbtxt").is_file()) if root.is_dir() else []
-    return {model: root / model, **{p.name: p for p in others}}
 
 
 def _loopback_ports(settings: Settings, *explicit: int | None) -> list[int]:

@@ -10,7 +10,8 @@ Triton's Python backend stub runs Python isolated (PYTHONDONTWRITEBYTECODE does
 not reach it) and compiles model.py into a ``__pycache__`` beside the path it
 imported: through the links that is the work dir, never the model folder, which
 may be a read-only volume. The same staging serves several prepared folders as
-one repository (``keyrank serve`` with KEYRANK_MODELS).
+one repository (``keyrank serve`` with KEYRANK_MODELS), each model's interaction
+graphs under names of their own (``served_models``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import re
 import shutil
 from pathlib import Path
+
+from keyrank.config import served_graph_name
 
 MODEL_NAME = "cross_encoder"
 """Name of the cross-encoder in every repository `keyrank prepare` writes."""
@@ -46,6 +49,13 @@ def without_priority_levels(config: str) -> str:
     return PRIORITY_LEVEL_LINE.sub("", config)
 
 
+def graph_folders(repository: Path) -> list[Path]:
+    """The interaction graphs installed in a prepared repository folder (``keyrank finetune --install-into``)."""
+    if not repository.is_dir():
+        return []
+    return sorted(p for p in repository.iterdir() if p.name.endswith(GRAPH_SUFFIX) and (p / "config.pbtxt").is_file())
+
+
 def stage(repository: Path, models: dict[str, Path]) -> None:
     """``repository`` afresh, with ``repository/<name>`` for each ``name: prepared model folder``: its
     config.pbtxt with the name rewritten, its version folders' files as symlinks (no copy of the weights).
@@ -63,3 +73,22 @@ def stage(repository: Path, models: dict[str, Path]) -> None:
                 # A __pycache__ left there by an earlier server would take this one's bytecode back to the model.
                 if file.name != "__pycache__":
                     (repository / name / version.name / file.name).symlink_to(file.resolve())
+
+
+def served_models(served: dict[str, Path], variant: str) -> dict[str, Path]:
+    """KEYRANK_MODELS' cross-encoders by their served names, each followed by its installed interaction graphs,
+    named so that two models' graphs of one kind do not collide (``served_graph_name``)."""
+    models: dict[str, Path] = {}
+    for name, folder in served.items():
+        root = Path(folder).resolve() / variant
+        models[name] = root / MODEL_NAME
+        models.update({served_graph_name(name, graph.name): graph for graph in graph_folders(root)})
+    return models
+
+
+def repository_models(root: Path, model: str) -> dict[str, Path]:
+    """A repository folder's models by name: ``model`` (served; the embedded server names it if missing), then every
+    other model folder in it (the interaction graphs among them), staged too so that the admin API loads them as it
+    would from the folder itself."""
+    others = sorted(p for p in root.iterdir() if p.is_dir() and p.name != model and (p / "config.pbtxt").is_file()) if root.is_dir() else []
+    return {model: root / model, **{p.name: p for p in others}}
