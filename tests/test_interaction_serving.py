@@ -135,3 +135,24 @@ def test_several_models_each_serve_their_own_graph_of_one_kind_from_one_reposito
     for name in graph_models:
         np.testing.assert_allclose(served[name], local[name], rtol=1e-4, atol=1e-4)
     assert not np.allclose(local["a"], local["b"], atol=1e-3)  # two graphs of one kind: the test tells them apart
+
+
+@pytest.mark.triton
+def test_the_charts_repository_script_stages_each_models_graphs_under_the_names_its_gateway_asks_for(graph_models, tmp_path):
+    """The Helm chart's served repository (models.served) holds each model's graphs as KEYRANK_MODELS stages them,
+    so the gateway of each model finds its own graph on the production Triton too."""
+    from chart_repository import build_served_repository
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.reranker import Reranker
+
+    repository = build_served_repository(graph_models, tmp_path)
+    assert sorted(p.name for p in repository.iterdir()) == ["a", f"a:{GRAPH}", "b", f"b:{GRAPH}"]
+    settings = Settings(models=",".join(f"{name}={folder}" for name, folder in graph_models.items()))
+    with EmbeddedTriton(repository, settings=Settings(triton_model="a"), supervise=False) as triton:
+        assert triton.graphs == (f"a:{GRAPH}", f"b:{GRAPH}")
+        for name, folder in graph_models.items():
+            gateway = settings.for_model(name, folder).with_overrides(triton_url=triton.grpc_url, request_timeout_s=120)
+            with Reranker(gateway) as reranker:
+                ranking = reranker.rank(QUERY, DOCS, strategy=KIND)
+            served = [score for _, score in sorted((r.index, r.score) for r in ranking.results)]
+            np.testing.assert_allclose(served, _local_scores(folder), rtol=1e-4, atol=1e-4)
