@@ -30,6 +30,7 @@ from keyrank.blank import is_readable_query
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
+from keyrank.resolved import check_defaults
 from keyrank.results import Evidence, RankedDocument, Ranking, Usage
 from keyrank.scoring import Scorer
 from keyrank.scoring.buckets import long_widths
@@ -53,6 +54,7 @@ class Reranker:
         self.template = self.pipeline.template
         self.tokenizer = self.pipeline.tokenizer
         gateway = self.settings.gateway_dir
+        check_defaults(self.settings, self.template, gateway, f"the model in {self.settings.model_dir}")
         source = str(self.pipeline.manifest["cross_encoder"]["source"])
         # A local checkpoint is named by its folder: the server's paths are not the caller's business.
         self.model_name = getattr(self.settings, "model_name", None) or (Path(source).name if Path(source).exists() or Path(source).is_absolute() else source)
