@@ -58,6 +58,38 @@ def _http_scores(url: str, **fields: str) -> list[float]:
     return [score for _, score in sorted((r["index"], r["relevance_score"]) for r in answer.json()["results"])]
 
 
+# --- the production repository's config ---------------------------------------------------------------
+
+
+def test_the_production_config_of_a_graph_is_well_formed_and_names_the_graphs_inputs_and_outputs(graph_models):
+    """triton/<kind>-features/config.pbtxt, read with Triton's own schema (ModelConfig, protobuf text format), declares
+    the ONNX graph's inputs and outputs by name, type and shape (the feature width as the graph answers it), for the
+    native onnxruntime backend, and warms up with every input."""
+    import onnxruntime as ort
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    def read(repository: str):
+        text = (graph_models["a"] / repository / GRAPH / "config.pbtxt").read_text()
+        return text_format.Parse(text, model_config_pb2.ModelConfig())  # raises on anything Triton could not read
+
+    config = read("triton")
+    assert config.name == GRAPH and config.backend == "onnxruntime" and config.max_batch_size > 0
+    session = ort.InferenceSession(str(graph_models["a"] / "triton" / GRAPH / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        (i.name, model_config_pb2.TYPE_INT64, [-1]) for i in session.get_inputs()]  # [N, L]: N is Triton's batch axis
+    assert [i.type for i in session.get_inputs()] == ["tensor(int64)"] * 4
+    roles = np.array([[0, 1, 1, 0, 2, 2, 2, 0]] * 2, dtype=np.int64)
+    answers = session.run(None, {"input_ids": np.ones_like(roles), "attention_mask": np.ones_like(roles),
+                                 "token_type_ids": (roles == 2).astype(np.int64), "token_roles": roles})
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [
+        (o.name, model_config_pb2.TYPE_FP32, list(answer.shape[1:])) for o, answer in zip(session.get_outputs(), answers)]
+    assert [answer.dtype for answer in answers] == [np.float32, np.float32]
+    assert config.model_warmup and all(set(w.inputs) == {i.name for i in config.input} for w in config.model_warmup)
+    embedded = read("triton-embedded")  # the embedded server's model over the same graph: the same tensors
+    assert embedded.backend == "python" and embedded.input == config.input and embedded.output == config.output
+
+
 # --- supervision: the graph is watched and repaired like the cross-encoder --------------------------------
 
 
