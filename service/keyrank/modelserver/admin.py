@@ -59,6 +59,26 @@ class TritonAdmin:
     def model_ready(self, model: str) -> bool:
         return self._call("GET", f"/v2/models/{model}/ready")[0] == 200
 
+    def repository_index(self) -> list[tuple[str, str]] | None:
+        """(name, state) of every model in Triton's repository, loaded or not; None if the index cannot be read."""
+        status, body = self._call("POST", "/v2/repository/index", {}, admin=True)
+        if status != 200:
+            return None
+        try:
+            return [(str(entry["name"]), str(entry.get("state", ""))) for entry in json.loads(body)]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def model_inputs(self, model: str) -> tuple[str, ...] | None:
+        """The input names the model declares (its metadata); None if it does not answer."""
+        status, body = self._call("GET", f"/v2/models/{model}")
+        if status != 200:
+            return None
+        try:
+            return tuple(str(tensor["name"]) for tensor in json.loads(body).get("inputs", []))
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def unload(self, model: str) -> bool:
         """Returns at once: Triton marks the model unavailable and unloads it in the background."""
         return self._call("POST", f"/v2/repository/models/{model}/unload", {}, admin=True, timeout=10.0)[0] == 200
