@@ -1,7 +1,7 @@
 """An installed interaction graph on the model server is part of what is served: its Triton model is written well-formed
 for the production repository, watched and repaired by the supervisor like the cross-encoder (readiness turns 503 while
-it cannot score), and with several models on one repository each model's graph is staged under a name of its own and
-found by that model's scorer."""
+it cannot score) and covered by the guard sidecar's liveness, and with several models on one repository (KEYRANK_MODELS,
+the chart's models.served) each model's graph is staged under a name of its own and found by that model's scorer."""
 
 from __future__ import annotations
 
