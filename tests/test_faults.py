@@ -234,10 +234,11 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     # The rule behind "at most one repair": Triton unloads in the background, so the replaced stub
     # exits after the new one serves; a stub that dies with no successor is a crash.
     from keyrank.modelserver import supervision
-    from keyrank.modelserver.supervision import Repair, Stub, Supervisor
+    from keyrank.modelserver.stubs import Stub
+    from keyrank.modelserver.supervision import Repair, Supervisor
 
     class Server:
-        model, models, pid = "cross_encoder", ("cross_encoder",), 1
+        model, models, graphs, watched, pid = "cross_encoder", ("cross_encoder",), (), ("cross_encoder",), 1
 
     instance = ("/m/cross_encoder/1/model.py", "cross_encoder_0_0")
     old, new = Stub("S", 100, instance), Stub("S", 200, instance)
@@ -269,7 +270,8 @@ def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
             return True
 
     class Server:
-        model, models, server_id, pid, returncode = "cross_encoder", ("cross_encoder",), "ours", 1, None
+        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (), ("cross_encoder",)
+        server_id, pid, returncode = "ours", 1, None
         wanted = serving = True
         lifecycle = threading.RLock()
         admin = Admin()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from keyrank.errors import InvalidRequest
 from keyrank.interaction import HISTOGRAM_BINS, KERNEL_MUS, KERNEL_SIGMAS, features_file, head_file
+from interaction_graphs import install
 from toy_judged import tiny_bert
 
 QUERY = "how do cats purr"
@@ -32,29 +33,8 @@ def prepared(tmp_path_factory):
 
 def _install(prepared, kind: str) -> torch.nn.Module:
     """The kind's graph (encoder + chunk features) and a head with weights away from their start, installed."""
-    from keyrank.prepare import interaction as graph
-    from keyrank.training import interaction as heads
-
     checkpoint, models = prepared
-    torch.manual_seed(0)
-    features = graph.build(checkpoint, kind)
-    for learned in (features.translation, features.filters):
-        if learned is not None:
-            with torch.no_grad():  # every weight of T(q|d) or of the n-gram filters must count
-                for p in learned.parameters():
-                    p.add_(0.3 * torch.randn_like(p))
-    graph.export(features, models)
-    head = heads.build(features.layout, *_classifier(models))
-    with torch.no_grad():
-        for p in head.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    heads.export(head, models / "gateway" / head_file(kind))
-    return features, head
-
-
-def _classifier(models):
-    with np.load(models / "gateway" / "classifier_head.npz") as head:
-        return head["weight"], head["bias"]
+    return install(checkpoint, models, kind)
 
 
 def _chunks(reranker, strategy: str):

@@ -95,6 +95,30 @@ def test_longp_reads_the_whole_document_and_reports_a_cut_only_past_the_models_l
     assert max(len(ids) for ids in firstp.inputs.ids) == 512 and all(firstp.truncated)  # the others still read 512
 
 
+def test_longp_as_the_default_on_a_512_token_model_is_refused_at_start_naming_the_setting_and_the_length(prepared_models):
+    """Per request it is a 422; as the default every request that names no strategy would get that 422, so `keyrank
+    serve` (before it starts Triton) and the Python API refuse to start with it."""
+    import os
+    import subprocess
+    import sys
+
+    from process_tree import free_port
+
+    env = {**os.environ, "KEYRANK_MODEL_DIR": str(prepared_models), "KEYRANK_PORT": str(free_port()),
+           "KEYRANK_DEFAULT_STRATEGY": "longp"}
+    out = subprocess.run([sys.executable, "-m", "keyrank.cli", "serve"], env=env, capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    said = out.stderr
+    assert "default_strategy (KEYRANK_DEFAULT_STRATEGY) is 'longp'" in said and f"the model in {prepared_models}" in said
+    assert "reads at most 512 tokens" in said and "Traceback" not in said
+    assert "starting embedded Triton" not in out.stdout  # refused before anything started
+    with pytest.raises(ValueError, match=r"KEYRANK_DEFAULT_STRATEGY\) is 'longp'.*reads at most 512 tokens"):
+        Reranker.local(prepared_models, default_strategy="longp")
+    with Reranker.local(prepared_models, default_strategy="maxp") as reranker:  # a default it can serve starts
+        assert reranker.rank(QUERY, [SENTENCE]).strategy == "maxp"
+
+
 def _torch_scores(kind: str, checkpoint: Path, ids: list[np.ndarray]) -> np.ndarray:
     """The checkpoint in PyTorch on each whole sequence alone, unpadded."""
     import torch

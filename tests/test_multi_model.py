@@ -214,7 +214,7 @@ def test_keyrank_serve_loads_every_model_in_one_embedded_triton_and_watches_each
     import os
     import signal
 
-    from keyrank.modelserver.supervision import model_stubs
+    from keyrank.modelserver.stubs import model_stubs
     from process_tree import start_serve, stop, tritonserver_of, wait_status
 
     log = tmp_path / "serve.log"
@@ -344,28 +344,12 @@ def test_the_charts_repository_script_builds_a_repository_tritonserver_loads(fol
     """The Helm chart's model-repository init container (models.served), run here on the prepared folders: each
     model under its name, config renamed, version folder linked. The embedded CPU repository stands in for the
     GPU one (same layout) so the real tritonserver of this machine can load it."""
-    import subprocess
-
-    import yaml
+    from chart_repository import build_served_repository
     from keyrank.modelserver.embedded import EmbeddedTriton
 
-    root = Path(__file__).resolve().parents[1]
-    helm = root / ".tools" / "bin" / "helm"
-    if not helm.exists():
-        pytest.skip("helm not installed in .tools/ (scripts/install-tools.sh; tests/test_deploy.py installs it)")
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"models": {"served": [{"name": n, "model": "m"} for n in folders]}}))
-    rendered = subprocess.run([str(helm), "template", "k", str(root / "k8s" / "keyrank"), "-f", str(values)],
-                              capture_output=True, text=True, check=True, timeout=60).stdout
-    triton = next(d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-triton"))
-    script = next(c for c in triton["spec"]["template"]["spec"]["initContainers"] if c["name"] == "model-repository")["command"][2]
-    for name, folder in folders.items():
-        (tmp_path / "models" / name).mkdir(parents=True)
-        (tmp_path / "models" / name / "triton").symlink_to(Path(folder).resolve() / "triton-embedded")
-    local = script.replace("/models/", f"{tmp_path}/models/").replace("/repository", f"{tmp_path}/repository")
-    subprocess.run(["sh", "-c", local], check=True, timeout=30)
+    repository = build_served_repository(folders, tmp_path)
     for name in folders:
-        with EmbeddedTriton(tmp_path / "repository", settings=Settings(triton_model=name), supervise=False) as server:
+        with EmbeddedTriton(repository, settings=Settings(triton_model=name), supervise=False) as server:
             assert server.admin.model_ready(name) and server.admin.probe_inference(name, 60) is None
 
 

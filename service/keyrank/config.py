@@ -173,6 +173,12 @@ class Settings(BaseSettings):
         """The settings of one served model: its folder, its Triton model (its name), the name answers report."""
         return self.with_overrides(model_dir=folder, triton_model=name, model_name=name)
 
+    def graph_model(self, graph: str) -> str:
+        """Triton's name for this model's interaction graph ``graph`` (``<kind>-features``): the graph's own, as
+        `keyrank finetune --install-into` writes it beside the one cross-encoder; ``<model>:<graph>`` when
+        KEYRANK_MODELS serves several models from one repository (``served_graph_name``)."""
+        return served_graph_name(self.triton_model, graph) if self.models else graph
+
     def longest_input(self, model_max_length: int) -> int:
         """The longest input any strategy builds for a model that reads ``model_max_length`` tokens: the
         widest shape the scorers send and Triton is warmed up with."""
@@ -191,6 +197,13 @@ class Settings(BaseSettings):
 
 MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A served model's name: also its Triton model name and a folder name in the embedded repository."""
+
+
+def served_graph_name(model: str, graph: str) -> str:
+    """The Triton model of served model ``model``'s interaction graph ``graph`` in a repository of several models:
+    ``base:cedr-knrm-features``. A served name has no ':' (MODEL_NAME_PATTERN), so neither another model nor
+    another model's graph can take this name."""
+    return f"{model}:{graph}"
 
 ENV_FILE_VARIABLE = "KEYRANK_ENV_FILE"
 """Names a file of ``KEYRANK_*=value`` lines read under the environment (which wins), e.g. what

@@ -35,7 +35,7 @@ from keyrank import metrics
 from keyrank.config import Settings
 from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import ModelAssetsMissing
-from keyrank.resolved import RerankOptions, Resolved, resolve
+from keyrank.resolved import RerankOptions, Resolved, check_defaults, resolve
 from keyrank.scoring import ModelInputs
 from keyrank.segment import Spans, blocks, per_document, token_break_costs
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
@@ -47,7 +47,7 @@ from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
 
-__all__ = ["Cut", "Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "load_template"]
+__all__ = ["Cut", "Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "check_served_defaults", "load_template"]
 
 
 class StageTimer:
@@ -309,3 +309,15 @@ def load_template(manifest: dict, gateway: Path) -> InputTemplate:
     if None in ids:
         raise ModelAssetsMissing(f"{gateway}: manifest has no input template; run `keyrank prepare --force` again")
     return InputTemplate.bert(*ids, max_length=int(entry.get("max_length", 512)))
+
+
+def check_served_defaults(settings: Settings) -> None:
+    """``check_defaults`` for every model ``settings`` serves (KEYRANK_MODELS' folders, else ``model_dir``), read from
+    its manifest alone, so `keyrank serve` refuses a default a model cannot serve before it starts anything; a folder
+    that was not prepared is named by whatever loads it."""
+    for name, folder in (settings.served_models() or {"": settings.model_dir}).items():
+        each = settings.for_model(name, folder) if name else settings
+        manifest = each.gateway_dir / "manifest.json"
+        if manifest.is_file():
+            template = load_template(json.loads(manifest.read_text()), each.gateway_dir)
+            check_defaults(each, template, each.gateway_dir, f"the model in {folder}")

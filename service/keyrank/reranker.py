@@ -19,7 +19,6 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,77 +30,16 @@ from keyrank.blank import is_readable_query
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
+from keyrank.resolved import check_defaults
+from keyrank.results import Evidence, RankedDocument, Ranking, Usage
 from keyrank.scoring import Scorer
 from keyrank.scoring.buckets import long_widths
-from keyrank.strategies import Passage, StrategySpec
+from keyrank.strategies import REGISTRY, Passage, StrategySpec
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
 
 __all__ = ["Evidence", "RankedDocument", "Ranking", "RerankOptions", "Reranker", "Usage"]
 
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """A stretch of the caller's document the score rests on."""
-
-    start: int
-    """Character offset of its first character."""
-    end: int
-    """Character offset one past its last character."""
-    piece: int | None = None
-    """Index of the block (keyb2) or window (maxp, ...) it came from."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankedDocument:
-    """One document's place in the ranking."""
-
-    index: int
-    """Position of the document in the request."""
-    score: float
-    """Relevance score (the cross-encoder's logit scale; higher is more relevant)."""
-    evidence: list[Evidence]
-    """What the score rests on (selected blocks, best window, or the first passage)."""
-    truncated: bool
-    """The model did not read the whole document: ``read_tokens < document_tokens``."""
-    read_tokens: int = 0
-    """Document tokens the score rests on (keyb2: the selected blocks; windowed strategies: the union of
-    the windows scored; firstp: the prefix)."""
-    document_tokens: int = 0
-    """Tokens the whole document has (before ``max_tokens_per_doc``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What the request cost."""
-
-    query_tokens: int
-    """Query tokens fed to the model (after the query cap)."""
-    document_tokens: int
-    """Document tokens read (after ``max_tokens_per_doc``)."""
-    scored_tokens: int
-    """Tokens sent to the cross-encoder, special tokens included, padding excluded."""
-    scored_sequences: int
-    """Sequences sent to the cross-encoder (the cross selector's included)."""
-    truncated_documents: int
-    """Documents the model did not read whole (``RankedDocument.truncated``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ranking:
-    """The answer to one rerank call."""
-
-    model: str
-    """The cross-encoder's source (hub id or checkpoint folder name)."""
-    strategy: str
-    """Strategy used."""
-    selector: str | None
-    """Block selector (keyb2 only)."""
-    results: list[RankedDocument]
-    """Documents by descending score, cut to ``top_n``."""
-    usage: Usage
-    """Token and sequence counts."""
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    """Wall time per stage and in total."""
 
 
 class Reranker:
@@ -116,6 +54,7 @@ class Reranker:
         self.template = self.pipeline.template
         self.tokenizer = self.pipeline.tokenizer
         gateway = self.settings.gateway_dir
+        check_defaults(self.settings, self.template, gateway, f"the model in {self.settings.model_dir}")
         source = str(self.pipeline.manifest["cross_encoder"]["source"])
         # A local checkpoint is named by its folder: the server's paths are not the caller's business.
         self.model_name = getattr(self.settings, "model_name", None) or (Path(source).name if Path(source).exists() or Path(source).is_absolute() else source)
@@ -129,6 +68,10 @@ class Reranker:
             scorer = self.triton_scorer(self.settings, self.template)
         self.scorer: Scorer = scorer
         """Where sequences are scored."""
+        self.graphs: tuple[str, ...] = tuple(
+            name for name, spec in REGISTRY.items()
+            if spec.features and hasattr(scorer, "with_graph") and all((gateway / p).exists() for p in spec.trained_parts))
+        """The interaction strategies (CEDR, Model 1) installed when it started: ``ready`` waits on each one's graph."""
         self._embedded: Any = None
         self._loop: _LoopThread | None = None
 
@@ -220,7 +163,8 @@ class Reranker:
             if with_graph is None:
                 raise InvalidRequest(f"strategy {spec.name!r} runs its interaction graph in the gateway's process only "
                                      f"(Reranker.local); this service scores with {type(self.scorer).__name__}", field="strategy")
-            self._feature_scorers[spec.name] = with_graph(self.settings.gateway_dir / spec.features)
+            graph = self.settings.gateway_dir / spec.features
+            self._feature_scorers[spec.name] = with_graph(graph, model=self.settings.graph_model(graph.stem))
         return self._feature_scorers[spec.name]
 
     def _aggregator(self, spec):
@@ -235,8 +179,11 @@ class Reranker:
 
     # --- lifecycle ------------------------------------------------------------------
     async def ready(self) -> bool:
-        """The scorer's model answers."""
-        return await self.scorer.ready(self.settings.triton_connect_timeout_s)
+        """The scorer's model answers, and so does the interaction graph of every strategy in ``graphs``: a
+        strategy offered is served only while its graph is."""
+        scorers = [self.scorer, *(self.scorer_for(REGISTRY[name]) for name in self.graphs)]
+        answers = await asyncio.gather(*(scorer.ready(self.settings.triton_connect_timeout_s) for scorer in scorers))
+        return all(answers)
 
     async def aclose(self) -> None:
         for scorer in self._feature_scorers.values():
@@ -347,8 +294,6 @@ class Reranker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
 
 
 def _check(query: str, documents: Sequence[str]) -> None:

@@ -123,3 +123,23 @@ def resolve(options: RerankOptions, settings: Settings, template: InputTemplate,
         template=template,
         settings=settings,
     )
+
+
+DEFAULT_SETTINGS = {"strategy": "default_strategy", "selector": "default_selector"}
+"""The setting a request that names no strategy (no selector) takes its choice from, by the field a refusal names."""
+
+
+def check_defaults(settings: Settings, template: InputTemplate, gateway_dir: Path | None, model: str) -> None:
+    """The defaults a request takes when it names nothing, resolved once at start against ``model`` (the prepared model
+    of ``template`` and ``gateway_dir``, named in the message): one this model cannot serve (longp on a 512-token
+    model, a dense selector without its bi-encoder, a trained strategy not trained) is a ValueError naming the setting,
+    raised before anything is served, instead of a 422 on every request that leaves the choice to the service."""
+    try:
+        resolve(RerankOptions(), settings, template, gateway_dir)
+    except InvalidRequest as exc:
+        setting = DEFAULT_SETTINGS.get(exc.field or "")
+        if setting is None:
+            raise
+        variable = f"KEYRANK_{setting.upper()}"
+        raise ValueError(f"{setting} ({variable}) is {getattr(settings, setting)!r}, which {model} cannot serve: {exc}. "
+                         f"Set {variable} to one it can serve") from None

@@ -144,6 +144,14 @@ each into /models/<name>, or the one model into /models. */}}
       mkdir -p /repository/{{ .name }}
       sed 's/^name: .*/name: "{{ .name }}"/' /models/{{ .name }}/triton/cross_encoder/config.pbtxt > /repository/{{ .name }}/config.pbtxt
       ln -sfn /models/{{ .name }}/triton/cross_encoder/1 /repository/{{ .name }}/1
+      # Its interaction graphs (keyrank finetune --install-into), named for it as the gateway asks for them.
+      for graph in /models/{{ .name }}/triton/*-features; do
+        [ -f "$graph/config.pbtxt" ] || continue
+        served="{{ .name }}:${graph##*/}"
+        mkdir -p "/repository/$served"
+        sed "s/^name: .*/name: \"$served\"/" "$graph/config.pbtxt" > "/repository/$served/config.pbtxt"
+        ln -sfn "$graph/1" "/repository/$served/1"
+      done
       {{- end }}
   securityContext:
     {{- toYaml .root.Values.containerSecurityContext | nindent 4 }}

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from keyrank.modelserver.repository import INPUTS
+from keyrank.modelserver.repository import GRAPH_INPUTS, INPUTS
 
 
 class TritonAdmin:
@@ -59,6 +59,26 @@ class TritonAdmin:
     def model_ready(self, model: str) -> bool:
         return self._call("GET", f"/v2/models/{model}/ready")[0] == 200
 
+    def repository_index(self) -> list[tuple[str, str]] | None:
+        """(name, state) of every model in Triton's repository, loaded or not; None if the index cannot be read."""
+        status, body = self._call("POST", "/v2/repository/index", {}, admin=True)
+        if status != 200:
+            return None
+        try:
+            return [(str(entry["name"]), str(entry.get("state", ""))) for entry in json.loads(body)]
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def model_inputs(self, model: str) -> tuple[str, ...] | None:
+        """The input names the model declares (its metadata); None if it does not answer."""
+        status, body = self._call("GET", f"/v2/models/{model}")
+        if status != 200:
+            return None
+        try:
+            return tuple(str(tensor["name"]) for tensor in json.loads(body).get("inputs", []))
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def unload(self, model: str) -> bool:
         """Returns at once: Triton marks the model unavailable and unloads it in the background."""
         return self._call("POST", f"/v2/repository/models/{model}/unload", {}, admin=True, timeout=10.0)[0] == 200
@@ -86,12 +106,13 @@ class TritonAdmin:
         except (ValueError, KeyError, TypeError):
             return None
 
-    def probe_inference(self, model: str, timeout: float) -> str | None:
-        """One tiny real inference ([1, 8] tokens). None if it scored; else "timeout" or Triton's error."""
-        body = {
-            "inputs": [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in INPUTS],
-            "outputs": [{"name": "logits"}],
-        }
+    def probe_inference(self, model: str, timeout: float, *, graph: bool = False) -> str | None:
+        """One tiny real inference ([1, 8] tokens; ``graph``: an interaction graph's, with its token roles). None if
+        it scored; else "timeout" or Triton's error."""
+        inputs = [{"name": name, "shape": [1, 8], "datatype": "INT64", "data": [1] * 8} for name in INPUTS]
+        if graph:  # [CLS] q q [SEP] d d d [SEP]: the graph reads query and document tokens
+            inputs.append({"name": GRAPH_INPUTS[-1], "shape": [1, 8], "datatype": "INT64", "data": [0, 1, 1, 0, 2, 2, 2, 0]})
+        body = {"inputs": inputs, "outputs": [{"name": "logits"}]}
         t0 = time.monotonic()
         status, answer = self._call("POST", f"/v2/models/{model}/infer", body, timeout=timeout)
         if status == 200:

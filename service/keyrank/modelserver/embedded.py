@@ -36,7 +36,7 @@ from keyrank.modelserver.arguments import (
     missing_model_message,
 )
 from keyrank.modelserver.process import ServerProcess
-from keyrank.modelserver.repository import GRAPH_SUFFIX, MODEL_NAME, stage
+from keyrank.modelserver.repository import GRAPH_SUFFIX, repository_models, served_models, stage
 from keyrank.modelserver.supervision import Supervisor
 from keyrank.modelserver.workdir import WorkDir
 
@@ -78,14 +78,15 @@ class EmbeddedTriton:
         self.model: str = self.models[0]
         """The default model (the only one unless KEYRANK_MODELS names several)."""
         variant = settings.embedded_repository()
-        self.prepared: dict[str, Path] = {
-            name: Path(folder).resolve() / variant.name / MODEL_NAME for name, folder in served.items()
-        } or _repository_models(Path(repository or variant).resolve(), self.model)
-        """Each model's folder as `keyrank prepare` wrote it (config.pbtxt, version folders), by its served name."""
+        self.prepared: dict[str, Path] = (served_models(served, variant.name) if served
+                                          else repository_models(Path(repository or variant).resolve(), self.model))
+        """Each model's folder as `keyrank prepare` (or `keyrank finetune --install-into`) wrote it (config.pbtxt,
+        version folders), by the name it is served as."""
         self._served = served
-        self.graphs: tuple[str, ...] = tuple(n for n in self.prepared if n.endswith(GRAPH_SUFFIX) and n not in self.models)
-        """Interaction graphs installed beside the model (``keyrank finetune --install-into``), loaded with it;
-        not watched by the supervisor."""
+        self.graphs: tuple[str, ...] = tuple(
+            n for n, folder in self.prepared.items() if folder.name.endswith(GRAPH_SUFFIX) and n not in self.models)
+        """Interaction graphs installed beside the models (``keyrank finetune --install-into``): loaded with them,
+        watched and repaired like them; with several models, each named for its model (``Settings.graph_model``)."""
 
         # Ports are fixed once, so a restarted server is found at the same address by existing clients.
         ports = _loopback_ports(settings, http_port, grpc_port, metrics_port)
@@ -146,6 +147,11 @@ class EmbeddedTriton:
                 raise ModelAssetsMissing(missing_model_message(folder.parent, name))
         stage(self.repository, self.prepared)
 
+    @property
+    def watched(self) -> tuple[str, ...]:
+        """Every model loaded at start, then watched and repaired: the cross-encoders, then the graphs."""
+        return self.models + self.graphs
+
     # --- addresses ---------------------------------------------------------
 
     @property
@@ -200,7 +206,7 @@ class EmbeddedTriton:
             # Explicit control: the supervisor can unload a model whose stub died (readiness 503 at
             # once) and load it again; only our model is loaded, and only with the admin key.
             "--model-control-mode=explicit",
-            *(f"--load-model={model}" for model in self.models + self.graphs),
+            *(f"--load-model={model}" for model in self.watched),
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",
@@ -265,11 +271,11 @@ class EmbeddedTriton:
             if (
                 self.admin.server_id() == self.server_id
                 and self.admin.server_ready()
-                and all(self.admin.model_ready(model) for model in self.models)
+                and all(self.admin.model_ready(model) for model in self.watched)
             ):
                 # On CPU a warm-up buys nothing (first runs cost what later ones do) and it delays a
                 # repair by seconds: a reload uses this config without it.
-                for model in self.models:
+                for model in self.watched:
                     config = self.admin.config(model) or {}
                     config.pop("model_warmup", None)
                     self._reload_config[model] = config or None
@@ -280,14 +286,14 @@ class EmbeddedTriton:
             time.sleep(_POLL_S)
 
     def reload_model(self, timeout: float | None = None) -> float:
-        """Unload every model (readiness turns false at once), load them again; returns the seconds taken.
+        """Unload every model and graph (readiness turns false at once), load them again; returns the seconds taken.
 
         Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
         """
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         with self.lifecycle:
-            for model in self.models:
+            for model in self.watched:
                 if not self.admin.unload(model):
                     raise EmbeddedTritonError(f"Triton refused to unload {model!r}")
                 error = self.admin.load(model, timeout, self._reload_config.get(model))
@@ -369,13 +375,6 @@ class EmbeddedTriton:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _repository_models(root: Path, model: str) -> dict[str, Path]:
-    """A repository folder's models: ``model`` (served; ``_stage`` names it if missing), then every other model
-    folder in it, staged too so that the admin API loads them as it would from the folder itself."""
-    others = sorted(p for p in root.iterdir() if p.is_dir() and p.name != model and (p / "config.pbtxt").is_file()) if root.is_dir() else []
-    return {model: root / model, **{p.name: p for p in others}}
 
 
 def _loopback_ports(settings: Settings, *explicit: int | None) -> list[int]:

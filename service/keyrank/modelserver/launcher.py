@@ -27,6 +27,7 @@ from keyrank.api.http_protocol import HTTP_PROTOCOL, protocol_with_timeout
 from keyrank.config import Settings
 from keyrank.errors import KeyrankError
 from keyrank.modelserver.embedded import EmbeddedTriton
+from keyrank.pipeline import check_served_defaults
 
 log = logging.getLogger("keyrank.modelserver.launcher")
 
@@ -101,7 +102,9 @@ def serve(settings: Settings) -> int:
     triton: EmbeddedTriton | None = None
     gave_up = _GiveUp()
     try:
-        settings.served_models()  # a malformed KEYRANK_MODELS is named before anything starts
+        # A malformed KEYRANK_MODELS, or a default strategy or selector a model cannot serve (longp on a 512-token
+        # model), is named before anything starts.
+        check_served_defaults(settings)
     except ValueError as exc:
         print(f"keyrank serve: {exc}", file=sys.stderr, flush=True)
         return 2

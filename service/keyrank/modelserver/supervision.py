@@ -7,13 +7,17 @@ restarts it. So the supervisor watches, every ``tick``:
 
 - the tritonserver process (exited -> restart it);
 - the stubs, as children of tritonserver (one died or is a zombie -> unload the
-  model at once, which turns Triton's model readiness and so the gateway's
-  ``/readyz`` to 503, then load it again through the repository API);
-- Triton's own view (server id is ours, model ready) and, on a thread of its
+  models at once, which turns Triton's model readiness and so the gateway's
+  ``/readyz`` to 503, then load them again through the repository API);
+- Triton's own view (server id is ours, models ready) and, on a thread of its
   own, a tiny real inference (an error, or a hang: probes timing out for
   ``hang_after_s`` while Triton's statistics show no execution finishing; a
   model that is only busy, its probes queued behind big batches, still
   finishes executions and is left alone).
+
+"The model" is each model loaded: every cross-encoder and every interaction
+graph installed beside one (``<kind>-features``, CEDR and Model 1), watched
+and repaired alike, since a strategy is served only while its graph is.
 
 Repairs are bounded: failed ones back off, and after ``max_repairs`` of them in
 a row (a repair whose fault is back within ``stable_after_s`` counts as failed)
@@ -30,16 +34,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 from keyrank.modelserver.admin import TritonAdmin
+from keyrank.modelserver.stubs import Stub, model_stubs
 
 log = logging.getLogger("keyrank.modelserver.supervision")
-
-STUB_NAME = "triton_python_backend_stub"
-"""Executable of the Python backend's model process (``/proc/<pid>/comm`` holds its first 15 bytes)."""
-
 
 class SupervisedServer(Protocol):
     """What supervision needs of a Triton it watches (``embedded.EmbeddedTriton`` is one): named here so
@@ -48,7 +48,11 @@ class SupervisedServer(Protocol):
     model: str
     """The default model."""
     models: tuple[str, ...]
-    """Every model served, loaded, watched and repaired (``keyrank serve --models`` loads several)."""
+    """Every cross-encoder served, loaded, watched and repaired (``keyrank serve --models`` loads several)."""
+    graphs: tuple[str, ...]
+    """The interaction graphs loaded beside them (four inputs: their probe sends token roles), watched and repaired alike."""
+    watched: tuple[str, ...]
+    """``models`` then ``graphs``."""
     server_id: str
     lifecycle: Any
     """Lock held while the process is (re)started or stopped."""
@@ -66,63 +70,6 @@ class SupervisedServer(Protocol):
     def reload_model(self) -> None: ...
     def restart_locked(self) -> None: ...
     def log_tail(self) -> str: ...
-
-
-# --- processes ----------------------------------------------------------------------------
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state, ppid, ...); None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-class Stub(NamedTuple):
-    """One Python backend stub as /proc shows it."""
-
-    state: str
-    """Process state: R/S/D running or sleeping, T/t stopped, Z/X dead."""
-    started: int
-    """Start time in clock ticks since boot: a stub started later for the same instance replaced it."""
-    instance: tuple[str, ...]
-    """The model file and the instance name it runs (from its command line)."""
-
-
-def model_stubs(server_pid: int, model: str | None = None) -> dict[int, Stub]:
-    """The stubs that ``server_pid`` spawned (of ``model`` only, if given), zombies included."""
-    found = {}
-    for pid in _children(server_pid):
-        fields = _stat(pid)
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        if fields is None or int(fields[1]) != server_pid or not STUB_NAME.startswith(comm):
-            continue
-        # argv: stub, <repository>/<model>/<version>/model.py, shm region, ..., instance name (9th).
-        if model is not None and (len(args) < 2 or Path(args[1]).parent.parent.name != model):
-            continue
-        found[pid] = Stub(fields[0], int(fields[19]), tuple(args[1:2] + args[8:9]))
-    return found
-
-
-def _children(pid: int) -> set[int]:
-    """Children of ``pid``: /proc/<pid>/task/*/children where the kernel has it, else a scan of /proc."""
-    try:
-        return {int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-                for child in (task / "children").read_text().split()}
-    except (OSError, ValueError):
-        pass
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat(int(entry.name))
-            if fields is not None and int(fields[1]) == pid:
-                found.add(int(entry.name))
-    return found
 
 
 # --- faults -------------------------------------------------------------------------------
@@ -207,8 +154,9 @@ class _InferenceProber(threading.Thread):
                 self.hang.answered()
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
-            admin = self.triton.admin
-            errors = {model: admin.probe_inference(model, self.timeout_s) for model in self.triton.models}
+            admin, graphs = self.triton.admin, self.triton.graphs
+            errors = {model: admin.probe_inference(model, self.timeout_s, graph=model in graphs)
+                      for model in self.triton.watched}
             timed_out = [model for model, error in errors.items() if error == "timeout"]
             if timed_out:
                 counts = [admin.execution_count(model) for model in timed_out]
@@ -298,7 +246,7 @@ class Supervisor(threading.Thread):
             self._next_http = now + self.http_every_s
             if triton.admin.server_id() not in (triton.server_id, None):
                 return Fault(Repair.RESTART, "Triton's port answers with another server's id")
-            for model in triton.models:
+            for model in triton.watched:
                 if not triton.admin.model_ready(model):
                     return Fault(Repair.RELOAD, f"model {model!r} is not ready")
         error = self._prober.last_error
@@ -310,7 +258,7 @@ class Supervisor(threading.Thread):
         return None
 
     def _check_stubs(self, server_pid: int) -> Fault | None:
-        """A stub of our model that died (and was not replaced) or stays stopped; None if all is well.
+        """A stub of our models (and graphs) that died (and was not replaced) or stays stopped; None if all is well.
 
         A stub that exits after a newer one started for the same instance was replaced, not
         killed: Triton unloads in the background, so the stub of an unloaded (or reloaded) model
@@ -319,7 +267,7 @@ class Supervisor(threading.Thread):
         """
         if self._stubs_of != server_pid:
             self._stubs, self._stubs_of, self._stopped_since = {}, server_pid, {}
-        stubs = {pid: stub for model in self.triton.models for pid, stub in model_stubs(server_pid, model).items()}
+        stubs = {pid: stub for model in self.triton.watched for pid, stub in model_stubs(server_pid, model).items()}
         live = {pid: stub for pid, stub in stubs.items() if stub.state not in ("Z", "X")}
         died = sorted(
             pid for pid, stub in self._stubs.items()
@@ -369,7 +317,8 @@ class Supervisor(threading.Thread):
         # The server may have exited since the fault was seen: then only a restart helps.
         how = fault.repair if seen_pid is not None else Repair.RESTART
         if how is Repair.RELOAD:
-            for model in triton.models:  # every model is reloaded: simple, and a fault rarely spares the rest
+            # Every model and graph is reloaded: simple, and a fault rarely spares the rest.
+            for model in triton.watched:
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
@@ -382,7 +331,7 @@ class Supervisor(threading.Thread):
                     if not triton.wanted:
                         return
                     if triton.pid not in (seen_pid, None) and triton.serving and all(
-                        triton.admin.model_ready(model) for model in triton.models
+                        triton.admin.model_ready(model) for model in triton.watched
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
                     if how is Repair.RELOAD:

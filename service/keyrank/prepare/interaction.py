@@ -33,10 +33,11 @@ from keyrank.interaction import (
     FeatureLayout,
     features_file,
 )
+from keyrank.modelserver.repository import GRAPH_INPUTS
 from keyrank.template import ROLE_DOCUMENT, ROLE_QUERY
 
-INPUTS = ("input_ids", "attention_mask", "token_type_ids", "token_roles")
-"""The interaction graph's inputs: the cross-encoder's three, then the roles."""
+INPUTS = GRAPH_INPUTS
+"""The interaction graph's inputs, as the model server expects them: the cross-encoder's three, then the roles."""
 
 
 class Translation(nn.Module):

@@ -86,8 +86,9 @@ class LocalScorer(InProcessScorer):
         answer = self.session.run(["logits", "pooled"] if want_pooled else ["logits"], feeds, run_options())
         return answer[0], (answer[1] if want_pooled else None)
 
-    def with_graph(self, onnx_path: str | Path) -> LocalScorer:
-        """The same buckets, batches and threads on another graph (an interaction graph, models/gateway/)."""
+    def with_graph(self, onnx_path: str | Path, model: str | None = None) -> LocalScorer:
+        """The same buckets, batches and threads on another graph (an interaction graph, models/gateway/); ``model``,
+        its name on a model server, means nothing here."""
         scorer = LocalScorer(onnx_path, pad_id=self.pad_id, buckets=self.buckets, batch_size=self.batch_size,
                              threads=self.threads, long_buckets=self.long_buckets, **self.shapes)
         return scorer

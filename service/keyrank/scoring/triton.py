@@ -145,11 +145,12 @@ class TritonScorer:
         self._client: triton_aio.InferenceServerClient | None = None
         self._in_flight: FairGate | None = None
 
-    def with_graph(self, onnx_path: str | Path) -> TritonScorer:
-        """The same server, buckets and batching on an interaction graph's model (``<kind>-features``, written into
-        the repositories when the graph is installed), with its own connection and slots."""
+    def with_graph(self, onnx_path: str | Path, model: str | None = None) -> TritonScorer:
+        """The same server, buckets and batching on an interaction graph's model (``model``, by default the graph's
+        own name, ``<kind>-features``, as installing it writes it into the repositories), with its own connection
+        and slots."""
         graph = copy.copy(self)
-        graph.model, graph.reads_roles = Path(onnx_path).stem, True
+        graph.model, graph.reads_roles = model or Path(onnx_path).stem, True
         graph._loop = graph._client = graph._in_flight = None
         return graph
 
