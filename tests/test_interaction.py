@@ -218,6 +218,22 @@ def test_a_strategy_without_its_trained_parts_is_refused_naming_the_command(tmp_
         assert reranker.rank(QUERY, DOCS, strategy="avgp").results  # the cross-encoder itself still serves
 
 
+def test_keyrank_eval_scores_the_interaction_strategies_through_its_memo(prepared):
+    """`keyrank eval` wraps the scorer in its memo (evaluation/memo.py); the interaction strategies score through
+    it as they do served (it refused them as "not Reranker.local" before)."""
+    from keyrank.evaluation.memo import MemoScorer
+    from keyrank.reranker import Reranker
+
+    _install(prepared, "cedr-knrm")
+    with Reranker.local(prepared[1]) as reranker:
+        served = {r.index: r.score for r in reranker.rank(QUERY, DOCS, strategy="cedr-knrm").results}
+    with Reranker.local(prepared[1]) as reranker:
+        reranker.scorer = MemoScorer(reranker.scorer)
+        memo = {r.index: r.score for r in reranker.rank(QUERY, DOCS, strategy="cedr-knrm").results}
+        assert MemoScorer(object()).with_graph is None  # a scorer without graphs still refuses them
+    np.testing.assert_allclose([memo[i] for i in range(len(DOCS))], [served[i] for i in range(len(DOCS))], rtol=1e-6)
+
+
 def test_embedded_triton_serves_the_interaction_graph_as_the_in_process_scorer_does(prepared):
     """Installed as `<kind>-features` in the repositories, the graph is loaded by the embedded Triton beside the
     cross-encoder, and the gateway sends it the chunks with their token roles: the same scores as in-process."""

@@ -29,6 +29,12 @@ class MemoScorer:
         self.misses = 0
         """Sequences sent to ``inner``."""
 
+    @property
+    def with_graph(self):
+        """The inner scorer's ``with_graph`` (None without one): an interaction strategy's graph (CEDR, Model 1)
+        is scored by the inner scorer unmemoized, since what it returns are chunk features, not logits."""
+        return getattr(self.inner, "with_graph", None)
+
     @staticmethod
     def _key(ids: np.ndarray, types: np.ndarray) -> bytes:
         return hashlib.blake2b(ids.tobytes() + b"|" + types.tobytes(), digest_size=16).digest()
