@@ -15,6 +15,7 @@ import httpx
 import uvicorn
 from keyrank.api import create_app
 from keyrank.config import Settings
+from process_tree import stop
 
 
 @contextlib.contextmanager
@@ -48,12 +49,7 @@ def gateway_process(settings: dict[str, object]) -> Iterator[str]:
             time.sleep(0.1)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc)
 
 
 @contextlib.contextmanager
