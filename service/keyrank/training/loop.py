@@ -66,7 +66,7 @@ class FinetuneResult:
     """False when ``stop_after_steps`` ended this invocation early (run it again to continue)."""
 
 
-class _Run:
+class TrainingRun:
     """The state one training run carries between its stages."""
 
     def __init__(self, config: FinetuneConfig):
@@ -234,7 +234,7 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _optimizer(run: _Run) -> torch.optim.Optimizer:
+def _optimizer(run: TrainingRun) -> torch.optim.Optimizer:
     """AdamW; no decay on biases and norms; the aggregator at its own learning rate."""
     c = run.config
     groups = []
@@ -265,7 +265,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     _seed(c.seed)
     timings: dict[str, float] = {}
     started = time.perf_counter()
-    run = _Run(c)
+    run = TrainingRun(c)
     log = lambda msg: print(f"[finetune] {msg}", file=sys.stderr, flush=True)
     train_j, dev_j = load_judged(c, run.pipeline.tokenizer)
     if not dev_j:

@@ -14,10 +14,10 @@ from keyrank.training import interaction, parade
 from keyrank.training.model import CrossEncoder
 
 if TYPE_CHECKING:
-    from keyrank.training.loop import FinetuneResult, _Run
+    from keyrank.training.loop import FinetuneResult, TrainingRun
 
 
-def write_outputs(run: _Run, result: FinetuneResult) -> None:
+def write_outputs(run: TrainingRun, result: FinetuneResult) -> None:
     """The current weights as the run's deliverables: the checkpoint folder and/or the aggregator's ONNX."""
     from keyrank.prepare.export import fingerprint as checkpoint_fingerprint
 
@@ -45,7 +45,7 @@ def write_outputs(run: _Run, result: FinetuneResult) -> None:
         result.aggregator = path
 
 
-def check_export(run: _Run, result: FinetuneResult, timings: dict) -> None:
+def check_export(run: TrainingRun, result: FinetuneResult, timings: dict) -> None:
     """`keyrank prepare` of the written checkpoint: the ONNX parity check must pass (else this raises)."""
     from keyrank.prepare.export import prepare
 
@@ -59,7 +59,7 @@ def check_export(run: _Run, result: FinetuneResult, timings: dict) -> None:
     timings["export_s"] = time.perf_counter() - started
 
 
-def write_report(run: _Run, result: FinetuneResult, timings: dict, n_train: int, n_dev: int) -> None:
+def write_report(run: TrainingRun, result: FinetuneResult, timings: dict, n_train: int, n_dev: int) -> None:
     """out/training.json: the config, data sizes, per-epoch loss and dev metric, timings (rewritten each epoch)."""
     report = {
         "config": run.config.to_json(), "base_fingerprint": run.manifest["cross_encoder"]["fingerprint"],
