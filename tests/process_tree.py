@@ -3,11 +3,14 @@ find its tritonserver and Python backend stubs in /proc, wait for readiness."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -97,3 +100,21 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@contextlib.contextmanager
+def guard_serving(check) -> Iterator[str]:
+    """The guard sidecar's check (``modelserver/guard.py`` ``ModelPathCheck``) started and answering on a free
+    loopback port, as `keyrank guard` serves it: its base URL while the block runs; stopped after."""
+    from http.server import ThreadingHTTPServer
+
+    from keyrank.modelserver.guard import _handler
+
+    check.start()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(check))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        check.stopping.set()

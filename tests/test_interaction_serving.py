@@ -194,24 +194,17 @@ def test_the_charts_repository_script_stages_each_models_graphs_under_the_names_
 def test_the_guard_fails_liveness_when_a_graph_model_process_dies(graph_models):
     """Kubernetes: the guard sidecar's liveness covers the interaction graphs it finds in Triton's repository, so the
     kubelet restarts a Triton whose graph cannot score, as it does one whose cross-encoder cannot."""
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from keyrank.modelserver.admin import TritonAdmin
     from keyrank.modelserver.embedded import ADMIN_HEADER, EmbeddedTriton
-    from keyrank.modelserver.guard import ModelPathCheck, _handler
+    from keyrank.modelserver.guard import ModelPathCheck
     from keyrank.modelserver.stubs import model_stubs
-    from process_tree import wait_status
+    from process_tree import guard_serving, wait_status
 
     with EmbeddedTriton(settings=Settings(model_dir=graph_models["a"]), supervise=False) as triton:
         # The embedded server keeps its repository index behind its admin key; the production one has none.
         check = ModelPathCheck(TritonAdmin(triton.http_url, (ADMIN_HEADER, triton.admin_key)), triton.model, every_s=0.1,
                                probe_every_s=0.5, probe_timeout_s=10.0, hang_after_s=30.0)
-        check.start()
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(check))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        guard = f"http://127.0.0.1:{server.server_address[1]}"
-        try:
+        with guard_serving(check) as guard:
             wait_status(guard, "/v2/health/live", 200, timeout=30)
             assert check.watched() == [triton.model, GRAPH]
             (stub,) = model_stubs(triton.pid, GRAPH)
@@ -220,6 +213,3 @@ def test_the_guard_fails_liveness_when_a_graph_model_process_dies(graph_models):
             assert httpx.get(f"{triton.http_url}/v2/health/live").status_code == 200  # Triton's own probe is blind
             assert GRAPH in httpx.get(f"{guard}/v2/health/live").json()["error"]
             assert triton.admin.probe_inference(triton.model, 10) is None  # the cross-encoder itself still scores
-        finally:
-            server.shutdown()
-            check.stopping.set()

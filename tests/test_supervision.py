@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_tree import BODY, alive, start_serve, stop, stubs_of, tritonserver_of, wait_status
+from process_tree import BODY, alive, guard_serving, start_serve, stop, stubs_of, tritonserver_of, wait_status
 
 pytestmark = pytest.mark.triton
 
@@ -142,22 +142,15 @@ def _free_port() -> int:
 def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepared_models):
     # Kubernetes: the chart points Triton's liveness probe at the guard, whose answer follows the
     # model path; Triton's own /v2/health/live stays 200 with a dead stub.
-    import threading
-    from http.server import ThreadingHTTPServer
-
     from keyrank.config import Settings
-    from keyrank.modelserver.guard import ModelPathCheck, _handler
+    from keyrank.modelserver.guard import ModelPathCheck
     from keyrank.modelserver.admin import TritonAdmin
     from keyrank.modelserver.embedded import EmbeddedTriton
 
     with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
         check = ModelPathCheck(TritonAdmin(triton.http_url), triton.model, every_s=0.1,
                                probe_every_s=0.5, probe_timeout_s=5.0, hang_after_s=30.0)
-        check.start()
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(check))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        guard = f"http://127.0.0.1:{server.server_address[1]}"
-        try:
+        with guard_serving(check) as guard:
             wait_status(guard, "/v2/health/live", 200, timeout=10)
             (stub,) = stubs_of(triton.pid)
             os.kill(stub, signal.SIGKILL)
@@ -165,9 +158,6 @@ def test_guard_fails_liveness_when_the_model_process_dies_and_not_before(prepare
             assert httpx.get(f"{triton.http_url}/v2/health/live").status_code == 200  # Triton's own probe is blind
             assert "Stub process" in httpx.get(f"{guard}/v2/health/live").json()["error"]
             assert took < 3.0
-        finally:
-            server.shutdown()
-            check.stopping.set()
 
 
 def _supervised_by(triton, **timing):
