@@ -276,7 +276,7 @@ def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
         lifecycle = threading.RLock()
         admin = Admin()
 
-        def reload_model(self) -> None:
+        def reload_model(self, models=None) -> None:
             done.append("reload")
 
         def restart_locked(self) -> None:
@@ -314,3 +314,43 @@ def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_max
     peak, kept = status_mb(stub, "VmHWM"), status_mb(stub, "VmRSS")
     print(f"stub after a maxp burst: peak {peak:.0f} MB, kept {kept:.0f} MB")
     assert peak < 600 and kept < 400
+
+
+def test_a_fault_of_one_model_reloads_that_model_only(monkeypatch):
+    # A graph that is not ready is unloaded and loaded again; the cross-encoder beside it keeps its stubs.
+    from keyrank.modelserver import supervision
+    from keyrank.modelserver.supervision import Repair, Supervisor
+
+    done: list[tuple[str, tuple[str, ...]]] = []
+    graph = "cedr-knrm-features"
+
+    class Admin:
+        def server_id(self) -> str:
+            return "ours"
+
+        def model_ready(self, model: str) -> bool:
+            return model != graph or bool(done)
+
+        def unload(self, model: str) -> bool:
+            done.append(("unload", (model,)))
+            return True
+
+    class Server:
+        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (graph,), ("cross_encoder", graph)
+        server_id, pid, returncode = "ours", 1, None
+        wanted = serving = True
+        lifecycle = threading.RLock()
+        admin = Admin()
+
+        def reload_model(self, models=None) -> None:
+            done.append(("reload", tuple(models)))
+
+        def restart_locked(self) -> None:
+            done.append(("restart", ()))
+
+    monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
+    supervisor = Supervisor(Server(), stable_after_s=0)
+    fault = supervisor.diagnose()
+    assert fault.repair is Repair.RELOAD and fault.models == (graph,), fault
+    supervisor.repair(fault)
+    assert done == [("unload", (graph,)), ("reload", (graph,))]

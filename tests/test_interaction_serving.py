@@ -94,12 +94,12 @@ def test_the_production_config_of_a_graph_is_well_formed_and_names_the_graphs_in
 
 
 @pytest.mark.triton
-def test_a_killed_graph_model_process_turns_readyz_503_within_a_second_and_is_repaired_once(graph_models, tmp_path):
+def test_a_killed_graph_model_process_turns_readyz_503_within_a_second_and_is_repaired_once_alone(graph_models, tmp_path):
     from keyrank.modelserver.stubs import model_stubs
     from process_tree import start_serve, stop, tritonserver_of, wait_status
 
-    def live_stubs(triton: int) -> set[int]:
-        return {pid for pid, stub in model_stubs(triton, GRAPH).items() if stub.state not in ("Z", "X")}
+    def live_stubs(triton: int, model: str = GRAPH) -> set[int]:
+        return {pid for pid, stub in model_stubs(triton, model).items() if stub.state not in ("Z", "X")}
 
     log = tmp_path / "serve.log"
     proc, url = start_serve(graph_models["a"], log)
@@ -108,6 +108,7 @@ def test_a_killed_graph_model_process_turns_readyz_503_within_a_second_and_is_re
         before = _http_scores(url)
         triton = tritonserver_of(proc.pid)
         (stub,) = live_stubs(triton)
+        cross_encoder = live_stubs(triton, "cross_encoder")
         os.kill(stub, signal.SIGKILL)  # what the OOM killer does to a model process
         killed = time.monotonic()
         wait_status(url, "/readyz", 503, timeout=1.0)  # the strategy is not served: readiness says so
@@ -116,6 +117,7 @@ def test_a_killed_graph_model_process_turns_readyz_503_within_a_second_and_is_re
         np.testing.assert_allclose(_http_scores(url), before, rtol=1e-5, atol=1e-5)
         assert tritonserver_of(proc.pid) == triton  # a model reload, not a server restart
         assert len(live_stubs(triton)) == 1 and stub not in live_stubs(triton)
+        assert live_stubs(triton, "cross_encoder") == cross_encoder  # only the faulty graph was reloaded
         time.sleep(2.0)  # the replaced stub's exit, seconds later, must not read as another crash
         assert log.read_text().count("repairing") == 1, log.read_text()[-3000:]
     finally:

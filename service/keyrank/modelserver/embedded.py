@@ -21,7 +21,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from keyrank.config import Settings, get_settings
@@ -285,15 +285,16 @@ class EmbeddedTriton:
                 raise EmbeddedTritonError(f"tritonserver not ready after {timeout:.0f} s:\n{self.log_tail()}")
             time.sleep(_POLL_S)
 
-    def reload_model(self, timeout: float | None = None) -> float:
-        """Unload every model and graph (readiness turns false at once), load them again; returns the seconds taken.
+    def reload_model(self, models: Sequence[str] | None = None, timeout: float | None = None) -> float:
+        """Unload ``models`` (default: every model and graph; readiness turns false at once), load them again;
+        returns the seconds taken. The others keep their model processes and serve throughout.
 
         Triton ignores a load of an unchanged, loaded model, so the unload is what replaces dead stubs.
         """
         timeout = self.settings.embedded_ready_timeout_s if timeout is None else timeout
         t0 = time.monotonic()
         with self.lifecycle:
-            for model in self.watched:
+            for model in self.watched if models is None else models:
                 if not self.admin.unload(model):
                     raise EmbeddedTritonError(f"Triton refused to unload {model!r}")
                 error = self.admin.load(model, timeout, self._reload_config.get(model))

@@ -32,6 +32,11 @@ class Stub(NamedTuple):
     instance: tuple[str, ...]
     """The model file and the instance name it runs (from its command line)."""
 
+    @property
+    def model(self) -> str:
+        """The served model it runs: its model file's folder is ``<repository>/<model>/<version>/``."""
+        return Path(self.instance[0]).parent.parent.name if self.instance else ""
+
 
 def model_stubs(server_pid: int, model: str | None = None) -> dict[int, Stub]:
     """The stubs that ``server_pid`` spawned (of ``model`` only, if given), zombies included."""

@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -67,7 +67,7 @@ class SupervisedServer(Protocol):
     def returncode(self) -> int | None: ...
     @property
     def admin(self) -> TritonAdmin: ...
-    def reload_model(self) -> None: ...
+    def reload_model(self, models: Sequence[str] | None = None) -> None: ...
     def restart_locked(self) -> None: ...
     def log_tail(self) -> str: ...
 
@@ -79,7 +79,7 @@ class Repair(Enum):
     """What brings the model path back: decided by the check that finds the fault, not by its wording."""
 
     RELOAD = "model reload"
-    """Unload and load every model: replaces dead or wedged stubs behind a server that is still ours."""
+    """Unload and load the faulty models: replaces dead or wedged stubs behind a server that is still ours."""
     RESTART = "Triton restart"
     """A new tritonserver on the same ports: the server exited, or what answers on its port is not it."""
 
@@ -92,9 +92,17 @@ class Fault:
     """The repair tried first (a reload that fails is followed by restarts)."""
     reason: str
     """What was seen, for the log and for the message when supervision gives up."""
+    models: tuple[str, ...] = ()
+    """The models a reload replaces: those found faulty; empty, every model (a restart always restarts them all)."""
 
     def __str__(self) -> str:
         return self.reason
+
+
+def _models_of(stubs: dict[int, Stub], pids: Sequence[int]) -> tuple[str, ...]:
+    """The models these stubs ran, each once (empty if one is unknown: then every model is reloaded)."""
+    models = tuple(dict.fromkeys(stubs[p].model if p in stubs else "" for p in pids))
+    return () if "" in models else models
 
 
 # --- the supervisor -------------------------------------------------------------------------
@@ -140,6 +148,8 @@ class _InferenceProber(threading.Thread):
         self.stopping = stopping
         self.last_error: tuple[float, str] | None = None
         """(monotonic time it was sent, error) of the latest failed probe; None after a success."""
+        self.failing: tuple[str, ...] = ()
+        """The models whose latest probe failed, or timed out while the hang clock runs."""
         self.hang = HangClock()
 
     @property
@@ -161,10 +171,12 @@ class _InferenceProber(threading.Thread):
             if timed_out:
                 counts = [admin.execution_count(model) for model in timed_out]
                 self.hang.timed_out(started, None if None in counts else sum(counts))
+                self.failing = tuple(timed_out)
                 continue
             self.hang.answered()
-            failed = [f"{model}: {error}" if len(errors) > 1 else error for model, error in errors.items() if error is not None]
-            self.last_error = (started, "; ".join(failed)) if failed else None
+            failed = {model: error for model, error in errors.items() if error is not None}
+            self.failing = tuple(failed)
+            self.last_error = (started, "; ".join(f"{m}: {e}" if len(errors) > 1 else e for m, e in failed.items())) if failed else None
 
 
 class Supervisor(threading.Thread):
@@ -248,13 +260,13 @@ class Supervisor(threading.Thread):
                 return Fault(Repair.RESTART, "Triton's port answers with another server's id")
             for model in triton.watched:
                 if not triton.admin.model_ready(model):
-                    return Fault(Repair.RELOAD, f"model {model!r} is not ready")
+                    return Fault(Repair.RELOAD, f"model {model!r} is not ready", (model,))
         error = self._prober.last_error
         if error is not None and error[0] > self._repaired_at:
-            return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}")
+            return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}", self._prober.failing)
         hung = self._prober.hung_since
         if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
-            return Fault(Repair.RELOAD, f"probe inference hung for {now - hung:.0f} s")
+            return Fault(Repair.RELOAD, f"probe inference hung for {now - hung:.0f} s", self._prober.failing)
         return None
 
     def _check_stubs(self, server_pid: int) -> Fault | None:
@@ -273,9 +285,10 @@ class Supervisor(threading.Thread):
             pid for pid, stub in self._stubs.items()
             if pid not in live and not any(s.instance == stub.instance and s.started > stub.started for s in live.values())
         )
+        models = _models_of(self._stubs, died)
         self._stubs = live
         if died:
-            return Fault(Repair.RELOAD, f"model process died (Python backend stub pid {', '.join(map(str, died))})")
+            return Fault(Repair.RELOAD, f"model process died (Python backend stub pid {', '.join(map(str, died))})", models)
         now = time.monotonic()
         stopped = {pid: self._stopped_since.get(pid, now) for pid, stub in live.items() if stub.state in ("T", "t")}
         self._stopped_since = stopped
@@ -284,6 +297,7 @@ class Supervisor(threading.Thread):
         stuck = sorted(pid for pid, since in stopped.items() if now - since >= self.stopped_after_s)
         if not stuck:
             return None
+        models = _models_of(self._stubs, stuck)
         # A stopped stub answers nothing ("Stub process ... is not healthy") while Triton still says
         # ready; killing it turns it into the dead stub the repair below replaces, and it cannot
         # wake up later (SIGCONT) to talk to a server that has moved on.
@@ -294,7 +308,7 @@ class Supervisor(threading.Thread):
                 pass
             self._stubs.pop(pid, None)
         return Fault(Repair.RELOAD, f"model process stopped for {now - min(stopped[p] for p in stuck):.1f} s "
-                                    f"(Python backend stub pid {', '.join(map(str, stuck))}); killed it")
+                                    f"(Python backend stub pid {', '.join(map(str, stuck))}); killed it", models)
 
     # --- repair -------------------------------------------------------------------------------
 
@@ -316,9 +330,11 @@ class Supervisor(threading.Thread):
         log.error("embedded Triton: %s; repairing", fault)
         # The server may have exited since the fault was seen: then only a restart helps.
         how = fault.repair if seen_pid is not None else Repair.RESTART
+        # Only the faulty models are reloaded: a graph's fault leaves the cross-encoder's stubs (and its
+        # strategies) serving.
+        scope = tuple(m for m in triton.watched if m in fault.models) or tuple(triton.watched)
         if how is Repair.RELOAD:
-            # Every model and graph is reloaded: simple, and a fault rarely spares the rest.
-            for model in triton.watched:
+            for model in scope:
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
@@ -335,7 +351,7 @@ class Supervisor(threading.Thread):
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
                     if how is Repair.RELOAD:
-                        triton.reload_model()
+                        triton.reload_model(scope)
                     else:
                         triton.restart_locked()
             except Exception as exc:  # noqa: BLE001 -- counted; the next attempt restarts the whole server
