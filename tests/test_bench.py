@@ -100,3 +100,14 @@ def test_query_bench_quality_is_ndcg_at_10_of_the_eval_queries(monkeypatch):
     rows = query.quality({"oracle": lambda _q, docs: (np.array([t == "b" for t in docs], float), {}),
                           "worst": lambda _q, docs: (np.array([t != "b" for t in docs], float), {})}, DATASETS, None)
     assert rows["oracle"]["ndcg@10"] == 1.0 and rows["worst"]["ndcg@10"] == pytest.approx(0.5)
+
+
+def test_query_bench_takes_any_registry_strategy_and_a_selecting_one_with_its_selector():
+    from keyrank.bench import query
+
+    assert query.parse_systems(["keyb2-bm25", "maxp", "cedr-knrm", "keyb2", "keyb2-dense", "model1"]) == (
+        ("keyb2", "bm25"), ("maxp", None), ("cedr-knrm", None), ("keyb2", "bm25"), ("keyb2", "dense"), ("model1", None))
+    with pytest.raises(SystemExit, match="lastp"):
+        query.parse_systems(["lastp"])
+    with pytest.raises(SystemExit, match="maxp-bm25"):
+        query.parse_systems(["maxp-bm25"])

@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--query: QMSum val queries for nDCG@10 (-1 = all 237, 0 = speed only)")
     parser.add_argument("--quality-systems", nargs="+", default=["keyb2", "diy"], choices=("keyb2", "maxp", "diy"),
                         help="--query: the systems whose nDCG@10 is measured (maxp costs as much as the DIY baseline)")
+    parser.add_argument("--strategies", nargs="+", default=["keyb2-bm25", "maxp"], metavar="SYSTEM",
+                        help="--query: keyrank's rows, a strategy or a selecting one with its selector (keyb2-bm25, maxp, cedr-knrm)")
     parser.add_argument("--no-diy", action="store_true",
                         help="--query: keyrank's rows only, without the do-it-yourself baseline (which needs the 'peers' extra)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         result = mode_module.run(args.model_dir, args.datasets, args.checkpoint, threads=args.threads, rounds=args.rounds,
                                  candidates=_or(args.docs, 20, 100), requests=args.requests or 2,
                                  quality_queries=None if args.quality_queries < 0 else args.quality_queries,
-                                 quality_systems=args.quality_systems, diy=not args.no_diy)
+                                 quality_systems=args.quality_systems, diy=not args.no_diy,
+                                 strategies=mode_module.parse_systems(args.strategies))
     elif args.peers:
         from keyrank.bench import peers as mode_module
         from keyrank.bench.peer_systems import peer_pythons, select

@@ -35,6 +35,24 @@ DEADLINE_S = 3600.0
 DIY = "do-it-yourself MaxP, sentence-transformers backend=\"openvino\""
 
 
+def parse_systems(names: Sequence[str]) -> tuple[tuple[str, str | None], ...]:
+    """``keyb2-bm25``, ``maxp``, ``cedr-knrm``: a registry strategy, or one that selects followed by its selector
+    (a selecting strategy named alone gets ``bm25``)."""
+    from keyrank.strategies import REGISTRY
+
+    out = []
+    for name in names:
+        strategy, _, selector = name.rpartition("-")
+        if name in REGISTRY:
+            out.append((name, "bm25" if REGISTRY[name].needs_selector else None))
+        elif strategy in REGISTRY and REGISTRY[strategy].needs_selector:
+            out.append((strategy, selector))
+        else:
+            raise SystemExit(f"--strategies: {name!r} is neither a strategy ({', '.join(sorted(REGISTRY))}) "
+                             "nor a selecting strategy with its selector (keyb2-bm25)")
+    return tuple(out)
+
+
 def _name(path: str, strategy: str, selector: str | None) -> str:
     return f"keyrank {path}, {strategy}{'-' + selector if selector else ''}"
 
@@ -67,7 +85,7 @@ def _ranker(reranker, strategy: str, selector: str | None):
         scores = np.empty(len(docs))
         for r in ranking.results:
             scores[r.index] = r.score
-        return scores, {**ranking.timings_ms, "sequences": ranking.usage.scored_sequences}
+        return scores, {**ranking.timings_ms, "sequences": ranking.usage.scored_sequences, "tokens": ranking.usage.scored_tokens}
     return rank
 
 
@@ -133,11 +151,13 @@ def quality(systems: dict[str, Callable], datasets: Path, tokenizer, *, max_quer
 
 def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, rounds: int = 3, candidates: int = 100,
         requests: int = 2, paths: Sequence[str] = ("local", "triton"), quality_queries: int | None = None,
-        quality_systems: Sequence[str] = ("keyb2", "diy"), settle_s: float = SETTLE_S, diy: bool = True) -> dict:
+        quality_systems: Sequence[str] = ("keyb2", "diy"), settle_s: float = SETTLE_S, diy: bool = True,
+        strategies: Sequence[tuple[str, str | None]] = KEYRANK) -> dict:
     """Speed (interleaved rounds of ``requests`` queries of ``candidates`` ~2k-token documents) and, unless
     ``quality_queries`` is 0, nDCG@10 on QMSum val of keyrank keyb2 in-process and the DIY baseline
     (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run). ``diy``
-    False: keyrank's rows only (no sentence-transformers needed; no ratio to the DIY)."""
+    False: keyrank's rows only (no sentence-transformers needed; no ratio to the DIY). ``strategies``: keyrank's
+    rows, (strategy, selector) pairs (``parse_systems``)."""
     from keyrank.bench.workloads import candidate_documents
     from keyrank.config import Settings
     from keyrank.pipeline import Pipeline
@@ -151,7 +171,7 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
     closers: list = []
     try:
         systems = {DIY: diy_system(checkpoint, threads)} if diy else {}
-        systems.update(keyrank_systems(model_dir, threads, paths if rounds else ("local",), closers=closers))
+        systems.update(keyrank_systems(model_dir, threads, paths if rounds else ("local",), strategies, closers=closers))
         for rank in systems.values() if rounds else ():
             rank(load[0][0], load[0][1][:4])  # warm-up: first shapes, lazy loads
         seconds = {name: [] for name in systems}
@@ -193,11 +213,11 @@ def print_table(result: dict) -> None:
     if quality:
         n = next(iter(quality.values()))["queries"]
         print(f"nDCG@10: QMSum val, {n} queries (keyrank in-process; the Triton path scores the same)")
-    print("| system | queries/s | vs DIY MaxP | sequences/query | nDCG@10 QMSum val | profile: median ms per query |")
-    print("| --- | ---: | ---: | ---: | ---: | --- |")
+    print("| system | queries/s | vs DIY MaxP | sequences/query | tokens/query | nDCG@10 QMSum val | profile: median ms per query |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, row in result["systems"].items():
         p = dict(row["profile_ms"])
-        sequences = p.pop("sequences", None)
+        sequences, tokens = p.pop("sequences", None), p.pop("tokens", None)
         ndcg = row.get("ndcg@10")
         if ndcg is None and name.startswith("keyrank embedded Triton"):
             twin = quality.get(name.replace("embedded Triton", "in-process"))
@@ -205,5 +225,5 @@ def print_table(result: dict) -> None:
         stages = ", ".join(f"{k} {v:.0f}" for k, v in p.items())
         vs_diy = f"{row['vs_diy']:.2f}x" if "vs_diy" in row else "-"
         qps = f"{row['qps']:.3f} | {vs_diy}" if "qps" in row else "- | -"
-        print(f"| {name} | {qps} | {'-' if sequences is None else f'{sequences:.0f}'} | "
+        print(f"| {name} | {qps} | {'-' if sequences is None else f'{sequences:.0f}'} | {'-' if tokens is None else f'{tokens:,.0f}'} | "
               f"{'-' if ndcg is None else f'{ndcg:.3f}'} | {stages} |")
