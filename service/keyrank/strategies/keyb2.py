@@ -12,7 +12,9 @@ measured by docs/experiments/selection_ablation.py (docs/SELECTION.md):
 - keep the lead block: many documents state their topic first;
 - neighbour expansion: the top blocks fill only part of the budget, then their
   neighbours (context around a hit) are added while they fit whole;
-- near-duplicate suppression: a block repeating a chosen one is skipped.
+- near-duplicate suppression: a block repeating a chosen one is skipped;
+- shared-text suppression: a block most of the other candidates also contain is not chosen by score
+  (``keyb2_shared_share``; select/shared.py).
 
 The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
 480 tokens, or all that fits next to the query (KeyB's 512 - 3 - q rule).
@@ -34,6 +36,7 @@ import numpy as np
 from keyrank.segment import Spans
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
+from keyrank.select.shared import shared_blocks
 from keyrank.strategies.passage import Passage
 from keyrank.tokenize import Encoded
 
@@ -109,6 +112,8 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     share = settings.keyb2_min_score_share
     if share is not None and selector in SHARE_SELECTORS:
         block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
+    if settings.keyb2_shared_share is not None:
+        block_scores = shared_dropped(docs, pieces, block_scores, settings.keyb2_shared_share)
     passages = [p for i in range(len(docs))
                 for p in reading_passes(i, pieces[i], block_scores[i], budget, docs[i].ids, rules, settings.keyb2_passes)]
     order = settings.keyb2_block_order
@@ -142,6 +147,19 @@ def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids
         if not len(passage.pieces):  # what is left repeats what was read (near-duplicate suppression)
             break
         out.append(passage)
+    return out
+
+
+def shared_dropped(docs: Sequence[Encoded], pieces: Sequence[Spans], block_scores: Sequence[np.ndarray],
+                   share: float) -> list[np.ndarray]:
+    """Scores with the blocks the other candidates share (``select/shared.py``) set to -inf; a document whose
+    every scored block is shared keeps its scores (it is read as it would be without the rule)."""
+    shared = shared_blocks([d.ids for d in docs], pieces, share)
+    out = []
+    for scores, drop in zip(block_scores, shared):
+        scores = np.asarray(scores, dtype=np.float64)
+        kept = np.where(drop, -np.inf, scores)
+        out.append(kept if np.isfinite(kept).any() else scores)
     return out
 
 
