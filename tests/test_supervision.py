@@ -188,13 +188,17 @@ def test_a_busy_model_whose_probes_time_out_is_not_taken_for_a_hung_one(prepared
                 while not stop_load.is_set():
                     assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=batch).status_code == 200
 
-        # "Hung" means no execution finished for hang_after_s: it must exceed one batch's time here, which
-        # a loaded machine stretches (at load 10 on 2 cores a batch took longer than a fixed 1.5 s).
+        # "Hung" means no execution finished for hang_after_s: it must exceed one execution's time here, which
+        # a loaded machine stretches (at load 10 on 2 cores a batch took longer than a fixed 1.5 s). The two
+        # loaders' requests are merged by the batcher into one execution of twice the rows: timed as such
+        # (timing one loader's batch, a busy machine made an 8-row execution outlast 5x a 4-row one).
+        merged = {"inputs": [{**tensor, "shape": [2 * rows, length], "data": [1] * (2 * rows * length)}
+                             for tensor in batch["inputs"]]}
         slowest = 0.0
         with httpx.Client(timeout=60) as client:
             for _ in range(3):
                 started = time.monotonic()
-                assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=batch).status_code == 200
+                assert client.post(f"{triton.http_url}/v2/models/{triton.model}/infer", json=merged).status_code == 200
                 slowest = max(slowest, time.monotonic() - started)
         hang_after_s = max(1.5, 5 * slowest)
         loaders = [threading.Thread(target=load, daemon=True) for _ in range(2)]
