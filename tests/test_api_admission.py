@@ -203,7 +203,10 @@ async def _probe_behind(url: str, big: dict, probes: int) -> tuple[int, list]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         await client.get("/healthz")
         filling = asyncio.ensure_future(client.post("/rerank", json=big))
-        await asyncio.sleep(0.3)
+        # the probes start once the gateway (in this process) has admitted it, not after a guessed pause
+        waited = time.monotonic()
+        while not REGISTRY.get_sample_value("keyrank_queued_sequences") and time.monotonic() - waited < 30:
+            await asyncio.sleep(0.005)
         probed = [await _one(client, 1000 + i) for i in range(probes)]
         return (await filling).status_code, probed
 
