@@ -43,7 +43,8 @@ def shared_blocks(ids: Sequence[np.ndarray], blocks: Sequence[Spans], share: flo
         return [np.zeros(len(b), dtype=bool) for b in blocks]
     hashes = [shingles(d) for d in ids]
     sizes = [h.size for h in hashes]
-    # One sort for the whole request: each shingle's id, then the distinct (shingle, document) pairs counted.
+    # Two sorts for the whole request, not one per document: each shingle's id, then the distinct
+    # (shingle, document) pairs, counted per shingle.
     distinct, inverse = np.unique(np.concatenate(hashes), return_inverse=True)
     owner = np.repeat(np.arange(n, dtype=np.int64), sizes)
     documents = np.bincount(np.unique(inverse.reshape(-1) * n + owner) // n, minlength=distinct.size)
@@ -55,8 +56,8 @@ def shared_blocks(ids: Sequence[np.ndarray], blocks: Sequence[Spans], share: flo
         # a shingle belongs to the block it starts in; a block shorter than a shingle is judged by the one starting there
         cum = np.concatenate([[0], np.cumsum(common, dtype=np.int64)])
         starts = np.minimum(spans.starts, h.size)
-        ends = np.minimum(np.maximum(spans.ends - SHINGLE + 1, spans.starts + 1), h.size)
-        count = np.maximum(ends - starts, 0)
-        hits = cum[np.maximum(ends, starts)] - cum[starts]
+        ends = np.minimum(np.maximum(spans.ends - SHINGLE + 1, spans.starts + 1), h.size)  # >= starts
+        count = ends - starts
+        hits = cum[ends] - cum[starts]
         out.append((count > 0) & (2 * hits >= count))
     return out
