@@ -146,10 +146,10 @@ class _InferenceProber(threading.Thread):
         self.every_s = every_s
         self.timeout_s = timeout_s
         self.stopping = stopping
-        self.last_error: tuple[float, str] | None = None
-        """(monotonic time it was sent, error) of the latest failed probe; None after a success."""
-        self.failing: tuple[str, ...] = ()
-        """The models whose latest probe failed, or timed out while the hang clock runs."""
+        self.last_error: tuple[float, str, tuple[str, ...]] | None = None
+        """(monotonic time it was sent, error, the models that failed it) of the latest failed probe; None after a success."""
+        self.hung_models: tuple[str, ...] = ()
+        """The models whose probe timed out last (what the hang clock blames)."""
         self.hang = HangClock()
 
     @property
@@ -171,12 +171,12 @@ class _InferenceProber(threading.Thread):
             if timed_out:
                 counts = [admin.execution_count(model) for model in timed_out]
                 self.hang.timed_out(started, None if None in counts else sum(counts))
-                self.failing = tuple(timed_out)
+                self.hung_models = tuple(timed_out)
                 continue
             self.hang.answered()
             failed = {model: error for model, error in errors.items() if error is not None}
-            self.failing = tuple(failed)
-            self.last_error = (started, "; ".join(f"{m}: {e}" if len(errors) > 1 else e for m, e in failed.items())) if failed else None
+            message = "; ".join(f"{m}: {e}" if len(errors) > 1 else e for m, e in failed.items())
+            self.last_error = (started, message, tuple(failed)) if failed else None
 
 
 class Supervisor(threading.Thread):
@@ -263,10 +263,10 @@ class Supervisor(threading.Thread):
                     return Fault(Repair.RELOAD, f"model {model!r} is not ready", (model,))
         error = self._prober.last_error
         if error is not None and error[0] > self._repaired_at:
-            return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}", self._prober.failing)
+            return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}", error[2])
         hung = self._prober.hung_since
         if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
-            return Fault(Repair.RELOAD, f"probe inference hung for {now - hung:.0f} s", self._prober.failing)
+            return Fault(Repair.RELOAD, f"probe inference hung for {now - hung:.0f} s", self._prober.hung_models)
         return None
 
     def _check_stubs(self, server_pid: int) -> Fault | None:
