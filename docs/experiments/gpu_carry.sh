@@ -7,12 +7,36 @@
 # The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
 # the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
 # Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
+#
+# ONNX Runtime's CUDA provider needs more than one copy holds: bash docs/experiments/gpu_carry.sh --ort [models-dir]
+# builds .gpu-ort/, to be copied in pieces of at most 64 MiB each:
+#   .gpu-ort/models/triton-embedded-cuda-ort/  the fp16 graph (~46 MB, python -m keyrank.prepare.ort_cuda), one copy
+#   .gpu-ort/wheel/part-NN                     onnxruntime-gpu for Python 3.12 (~256 MB) in 60 MiB parts, one copy
+#                                              each; needed only where the GPU machine's python lacks the CUDA provider
+#                                              (python3 -c "import onnxruntime as o; print(o.get_available_providers())")
+#   .gpu-ort/wheel/NAME                        the wheel's file name, for `cat part-* > $(cat NAME)` there
 set -euo pipefail
-MODELS=${1:-models}
-CHECKPOINT=${2:-../shared/models/ce-minilm-l6}
 PY=${PY:-.venv/bin/python}
 EXCLUDE=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$EXCLUDE")"
+if [ "${1:-}" = "--ort" ]; then
+  MODELS=${2:-models}
+  grep -qx '/.gpu-ort/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-ort/' >> "$EXCLUDE"
+  [ -f "$MODELS/triton-embedded-cuda-ort/cross_encoder/1/model.onnx" ] || "$PY" -m keyrank.prepare.ort_cuda --out "$MODELS"
+  rm -rf .gpu-ort && mkdir -p .gpu-ort/models .gpu-ort/wheel
+  cp -r "$MODELS/triton-embedded-cuda-ort" .gpu-ort/models/
+  # The newest onnxruntime-gpu built for the GPU machine's Python 3.12 (CUDA 12; its libraries come from PyTorch's nvidia-* wheels there).
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 -d .gpu-ort/dl onnxruntime-gpu
+  WHEEL=$(ls .gpu-ort/dl/*.whl)
+  basename "$WHEEL" > .gpu-ort/wheel/NAME
+  split -b 60M -d "$WHEEL" .gpu-ort/wheel/part-
+  rm -rf .gpu-ort/dl
+  du -sh .gpu-ort/models .gpu-ort/wheel/*
+  exit 0
+fi
+MODELS=${1:-models}
+CHECKPOINT=${2:-../shared/models/ce-minilm-l6}
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
 rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/datasets/qmsum .gpu/wheels
 cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/models/gateway/

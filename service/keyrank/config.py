@@ -126,6 +126,7 @@ class Settings(BaseSettings):
     embedded_nice: int = Field(10, ge=0, le=19, description="Niceness added to the embedded Triton and its model processes on the CPU: on a machine whose cores the model fills, the gateway's own work (parsing, tokenizing, selecting key blocks) is not kept waiting by it, and a small request's latency behind a heavy one's stays low. 0 = as the gateway; the GPU variant gets 0.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
     embedded_device: Literal["cpu", "cuda"] = Field("cpu", description="Embedded Triton model: 'cpu' = triton-embedded/ (ONNX Runtime); 'cuda' = triton-embedded-cuda/ (PyTorch on the GPU, written by `keyrank prepare --device cuda`). Also read by that model (KEYRANK_EMBEDDED_DEVICE).")
+    embedded_cuda_runtime: Literal["torch", "onnxruntime"] = Field("torch", description="With embedded_device 'cuda': 'torch' = triton-embedded-cuda/ (PyTorch); 'onnxruntime' = triton-embedded-cuda-ort/ (the fp16 graph on ONNX Runtime's CUDA provider, onnxruntime-gpu; both written by `keyrank prepare --device cuda`).")
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
     embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
     triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
@@ -190,10 +191,14 @@ class Settings(BaseSettings):
         """Gateway-side assets: tokenizer, classifier head, bi-encoder."""
         return self.model_dir / "gateway"
 
-    def embedded_repository(self, device: str | None = None) -> Path:
+    def embedded_repository(self, device: str | None = None, cuda_runtime: str | None = None) -> Path:
         """The embedded Triton repository `keyrank prepare` wrote for ``device`` (default ``embedded_device``):
-        triton-embedded/ (CPU: ONNX Runtime or OpenVINO) or triton-embedded-cuda/ (PyTorch, ``--device cuda``)."""
-        return self.model_dir / ("triton-embedded-cuda" if (device or self.embedded_device) == "cuda" else "triton-embedded")
+        triton-embedded/ (CPU: ONNX Runtime or OpenVINO); on CUDA (``--device cuda``), as ``cuda_runtime`` (default
+        ``embedded_cuda_runtime``) says, triton-embedded-cuda/ (PyTorch) or triton-embedded-cuda-ort/ (ONNX Runtime, fp16)."""
+        if (device or self.embedded_device) != "cuda":
+            return self.model_dir / "triton-embedded"
+        ort = (cuda_runtime or self.embedded_cuda_runtime) == "onnxruntime"
+        return self.model_dir / ("triton-embedded-cuda-ort" if ort else "triton-embedded-cuda")
 
 
 MODEL_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

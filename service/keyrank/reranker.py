@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ from keyrank.scoring.buckets import long_widths
 from keyrank.strategies import REGISTRY, Passage, StrategySpec
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Evidence", "RankedDocument", "Ranking", "RerankOptions", "Reranker", "Usage"]
 
@@ -210,8 +213,13 @@ class Reranker:
         return self._loop.run(self.arank(query, documents, options))
 
     @classmethod
-    def local(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, threads: int = 0, **overrides: Any) -> Reranker:
-        """A Reranker scoring in this process (ONNX Runtime or OpenVINO, as prepared): no Triton, two lines to a ranking."""
+    def local(cls, model_dir: str | Path | None = None, settings: Settings | None = None, *, threads: int = 0,
+              device: str = "cpu", **overrides: Any) -> Reranker:
+        """A Reranker scoring in this process (ONNX Runtime or OpenVINO, as prepared): no Triton, two lines to a ranking.
+
+        ``device="cuda"``: the fp16 graph `keyrank prepare --device cuda` wrote for ONNX Runtime's CUDA provider
+        (prepare/ort_cuda.py), run through I/O binding; where it cannot run (no such graph, an onnxruntime
+        without CUDA, no GPU) a warning says why and the CPU variant scores instead (``scorer.runtime`` says which)."""
         from keyrank.scoring.local import LocalScorer
         from keyrank.scoring.openvino import read_runtime
 
@@ -220,20 +228,27 @@ class Reranker:
             overrides["model_dir"] = Path(model_dir)
         settings = settings.with_overrides(**overrides)
         pipeline = Pipeline.from_model_dir(settings)
+        shapes = dict(pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
+                      long_buckets=long_buckets(settings, pipeline.template), threads=threads,
+                      max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple)
+        if device == "cuda":
+            from keyrank.scoring.local import cuda_scorer
+
+            scorer, why_not = cuda_scorer(settings.embedded_repository("cuda", "onnxruntime") / settings.triton_model / "1", **shapes)
+            if scorer is not None:
+                return cls(settings, scorer=scorer, pipeline=pipeline)
+            log.warning("Reranker.local(device='cuda'): %s; scoring on the CPU instead", why_not)
+        elif device != "cpu":
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
         # The file the embedded Triton serves, on the same runtime: the CPU variant `keyrank prepare` gated.
         version = settings.embedded_repository("cpu") / settings.triton_model / "1"
-        scorer = LocalScorer(
-            version / "model.onnx", pad_id=pipeline.template.pad_id, buckets=settings.length_buckets, batch_size=settings.triton_batch_size,
-            long_buckets=long_buckets(settings, pipeline.template),
-            threads=threads, max_shapes=settings.length_bucket_shapes, multiple=settings.length_bucket_multiple,
-            runtime=read_runtime(version),
-        )
+        scorer = LocalScorer(version / "model.onnx", runtime=read_runtime(version), **shapes)
         return cls(settings, scorer=scorer, pipeline=pipeline)
 
     @staticmethod
     def torch_variant(settings: Settings) -> tuple[Path, str]:
         """The PyTorch variant's folder in the prepared ``settings.model_dir`` and its weights' dtype."""
-        version = settings.embedded_repository("cuda") / settings.triton_model / "1"
+        version = settings.embedded_repository("cuda", "torch") / settings.triton_model / "1"
         if not (version / "encoder.json").exists():
             raise ModelAssetsMissing(f"{settings.model_dir} has no PyTorch variant ({version}): prepare it with `keyrank prepare --device cuda`")
         return version, json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--query: keyrank's rows, a strategy or a selecting one with its selector (keyb2-bm25, maxp, cedr-knrm)")
     parser.add_argument("--no-diy", action="store_true",
                         help="--query: keyrank's rows only, without the do-it-yourself baseline (which needs the 'peers' extra)")
+    parser.add_argument("--encoder-only", action="store_true",
+                        help="--gpu: the CPU ceiling, the bf16 peak and the cross-encoder at 512 tokens only (no HTTP, no baseline)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args(argv)
 
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from keyrank.bench import gpu as mode_module
 
         result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 100, workers=args.workers,
-                                 candidates=_or(args.docs, 20, 100))
+                                 candidates=_or(args.docs, 20, 100), encoder_only=args.encoder_only)
     elif args.query:
         from keyrank.bench import query as mode_module
 

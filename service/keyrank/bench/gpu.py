@@ -10,6 +10,8 @@ GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
     GPU Triton model runs): pairs/s, TFLOP/s from the model's FLOP count, % of peak;
     bf16, fp16 and bf16 with CUDA graphs, each with its largest logit difference
     from the fp32 CPU path (which equals the ONNX export, tests/test_gpu_variant.py);
+    and the fp16 graph on ONNX Runtime's CUDA provider (onnxruntime-gpu, I/O binding;
+    prepare/ort_cuda.py) where that onnxruntime is installed, else why not;
   - end to end through HTTP: keyb2-bm25, maxp, firstp, p50/p99 at concurrency 1
     and queries/s at saturation; gateway = `keyrank serve --workers N` on the
     embedded GPU Triton (``triton-embedded-cuda``) when the nvidia-pytriton wheel
@@ -38,6 +40,7 @@ from keyrank.bench.processes import worker_processes
 from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
 from keyrank.prepare.gpu_repository import REPOSITORY
+from keyrank.prepare.ort_cuda import REPOSITORY as ORT_REPOSITORY
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.modelserver.repository import MODEL_NAME
 
@@ -90,8 +93,10 @@ def matmul_peak(n: int = 8192, iters: int = 10) -> float:
 
 
 def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, seconds: float = 2.0, *, device: str = "cuda",
-                       batches: tuple[int, ...] = (32, 64, 128, 256, 512)) -> dict:
-    """Pairs/s at 512 tokens per precision / CUDA graphs, best batch size; inputs and outputs cross the host as served."""
+                       batches: tuple[int, ...] = (32, 64, 128, 256, 512), ort_version: Path | None = None) -> dict:
+    """Pairs/s at 512 tokens per precision / CUDA graphs, best batch size; inputs and outputs cross the host as served.
+    With ``ort_version`` (triton-embedded-cuda-ort/cross_encoder/1), ONNX Runtime's CUDA provider on its fp16 graph too
+    (``ort-cuda-fp16``), or ``ort_cuda_skipped``: why not."""
     from keyrank.modelserver.python_models.torch_encoder import (
         TorchCrossEncoder,
         flops_per_sequence,
@@ -104,25 +109,63 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
     reference, _ = TorchCrossEncoder(folder, device="cpu", dtype="float32")(check, np.ones_like(check), np.zeros_like(check))
     for name, dtype, graphs in (("bf16", "bfloat16", False), ("fp16", "float16", False), ("bf16+graphs", "bfloat16", True)):
         encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs)
-        logits, _ = encoder(check, np.ones_like(check), np.zeros_like(check))
-        best = {"pairs_per_s": 0.0, "max_abs_diff_vs_fp32_cpu": float(np.abs(logits - reference).max())}
-        for batch in batches:
-            ids = np.resize(rows, (batch, rows.shape[1]))
-            feeds = (ids, np.ones_like(ids), np.zeros_like(ids))
-            for _ in range(3):
-                encoder(*feeds)
-            done, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < seconds:
-                encoder(*feeds)
-                done += batch
-            rate = done / (time.perf_counter() - t0)
-            if rate > best["pairs_per_s"]:
-                best.update(pairs_per_s=rate, batch=batch)
-        best["tflops"] = best["pairs_per_s"] * flops / 1e12
-        best["pct_of_peak"] = 100 * best["tflops"] / peak_tflops
-        out["variants"][name] = best
+        out["variants"][name] = _saturated(lambda ids: encoder(ids, np.ones_like(ids), np.zeros_like(ids))[0], rows, reference,
+                                           flops, peak_tflops, seconds, batches)
         del encoder
+    if ort_version is not None:
+        row = ort_cuda_saturation(ort_version, rows, reference, flops, peak_tflops, seconds, batches)
+        if "skipped" in row:
+            out["ort_cuda_skipped"] = row["skipped"]
+        else:
+            out["variants"]["ort-cuda-fp16"] = row
     return out
+
+
+def ort_cuda_saturation(version: Path, rows: np.ndarray, reference: np.ndarray, flops: float, peak_tflops: float,
+                        seconds: float = 2.0, batches: tuple[int, ...] = (32, 64, 128, 256, 512)) -> dict:
+    """The fp16 graph on ONNX Runtime's CUDA provider through I/O binding (``Reranker.local(device="cuda")``'s
+    session, prepare/ort_cuda.py) like ``encoder_saturation``'s rows; or why it cannot run here."""
+    import onnxruntime as ort
+
+    from keyrank.scoring.local import LocalScorer, cuda_providers, load_cuda_libraries, run_bound, run_options
+
+    providers = cuda_providers(ort.get_available_providers())
+    if not (version / "model.onnx").is_file() or providers is None:
+        return {"skipped": f"{version / 'model.onnx'} missing (python -m keyrank.prepare.ort_cuda)" if providers else
+                "this onnxruntime has no CUDA provider (onnxruntime-gpu)"}
+    load_cuda_libraries()
+    scorer = LocalScorer(version / "model.onnx", pad_id=0, providers=providers)
+    if scorer.bound_device is None:
+        return {"skipped": "ONNX Runtime's CUDA provider did not start"}
+
+    def run(ids: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        return run_bound(scorer.session, ["logits"], {k: v for k, v in feeds.items() if k in scorer.input_names}, "cuda",
+                         run_options("cuda"))[0]
+
+    return _saturated(run, rows, reference, flops, peak_tflops, seconds, batches)
+
+
+def _saturated(run, rows: np.ndarray, reference: np.ndarray, flops: float, peak_tflops: float, seconds: float,
+               batches: tuple[int, ...]) -> dict:
+    """Pairs/s of ``run`` (token ids [N, 512] -> logits) at its best batch size, its share of the peak and its
+    largest logit difference from ``reference`` (the fp32 CPU scores of ``rows[:16]``)."""
+    logits = run(rows[: len(reference)])
+    best = {"pairs_per_s": 0.0, "max_abs_diff_vs_fp32_cpu": float(np.abs(logits.reshape(reference.shape) - reference).max())}
+    for batch in batches:
+        ids = np.resize(rows, (batch, rows.shape[1]))
+        for _ in range(3):
+            run(ids)
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            run(ids)
+            done += batch
+        rate = done / (time.perf_counter() - t0)
+        if rate > best["pairs_per_s"]:
+            best.update(pairs_per_s=rate, batch=batch)
+    best["tflops"] = best["pairs_per_s"] * flops / 1e12
+    best["pct_of_peak"] = 100 * best["tflops"] / peak_tflops
+    return best
 
 
 # --- GPU: end to end ------------------------------------------------------------------------------
@@ -165,7 +208,9 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
 
 
 def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 0, candidates: int = 100, concurrency: int = 64,
-        duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES) -> dict:
+        duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES, encoder_only: bool = False) -> dict:
+    """Everything above; ``encoder_only``: the CPU ceiling, the peak and the cross-encoder's rows only (a short
+    GPU run, e.g. ONNX Runtime's CUDA provider against PyTorch)."""
     workers = workers or len(os.sched_getaffinity(0))
     tokenizer = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)).tokenizer
     pool, queries = candidate_documents(datasets, tokenizer, 2 * candidates)  # cold requests draw from twice their size
@@ -183,7 +228,15 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
     pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir))
     rows = np.stack([ids for ids in pipeline.plan(queries[0], pool[:20], RerankOptions(strategy="maxp")).inputs.ids if len(ids) == 512][:64])
     peak = matmul_peak()
-    result["gpu"] = {"bf16_peak_tflops": peak, "encoder_512": encoder_saturation(folder, rows, peak)}
+    ort_version = model_dir / ORT_REPOSITORY / MODEL_NAME / "1"
+    result["gpu"] = {"bf16_peak_tflops": peak, "encoder_512": encoder_saturation(folder, rows, peak, ort_version=ort_version)}
+    best = max(v["pairs_per_s"] for v in result["gpu"]["encoder_512"]["variants"].values())
+    result["ceilings_qps"] = {
+        name: {"cpu_preprocessing": row["qps"], "gpu_scoring": best / row["sequences_per_query"]}
+        for name, row in result["cpu"]["strategies"].items()
+    }
+    if encoder_only:
+        return result
     with tempfile.TemporaryDirectory() as logs:
         result["gpu"]["http"] = end_to_end(model_dir, queries, pool, candidates=candidates, requests=requests, concurrency=concurrency,
                                            duration_s=duration_s, workers=workers, log_dir=Path(logs))
@@ -192,11 +245,6 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
     rng = np.random.default_rng(1)
     same = [(queries[i % len(queries)], [pool[j] for j in rng.choice(len(pool), size=candidates, replace=False)]) for i in range(10)]
     result["gpu"]["diy_maxp"] = diy.measure(folder / "checkpoint", "cuda", same)
-    best = max(v["pairs_per_s"] for v in result["gpu"]["encoder_512"]["variants"].values())
-    result["ceilings_qps"] = {
-        name: {"cpu_preprocessing": row["qps"], "gpu_scoring": best / row["sequences_per_query"]}
-        for name, row in result["cpu"]["strategies"].items()
-    }
     return result
 
 
@@ -217,6 +265,12 @@ def print_table(result: dict) -> None:
     for name, row in enc["variants"].items():
         print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak"
               f"   max |logit - fp32 CPU| {row['max_abs_diff_vs_fp32_cpu']:.3f}")
+    if "ort_cuda_skipped" in enc:
+        print(f"  ort-cuda-fp16: {enc['ort_cuda_skipped']}")
+    if "http" not in g:  # --encoder-only
+        for name, row in result["ceilings_qps"].items():
+            print(f"  ceiling {name:<12} CPU {row['cpu_preprocessing']:>8.1f} q/s  GPU {row['gpu_scoring']:>8.1f} q/s")
+        return
     http = g["http"]
     print(f"end to end through HTTP ({http['gateway']}):")
     for name, row in http["strategies"].items():

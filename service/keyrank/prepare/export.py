@@ -170,6 +170,12 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
     manifest = {"cross_encoder": ce_entry, "bi_encoder": bi_entry}
     write_if_changed(manifest_path, json.dumps(manifest, indent=2) + "\n")
+    if device == "cuda":  # and for ONNX Runtime's CUDA provider: fp16, checked against fp32 (ort_cuda.py)
+        from keyrank.prepare import ort_cuda
+
+        rows = ort_cuda.sample_rows(out, datasets)
+        ce_entry["ort_cuda"] = ort_cuda.write_ort_cuda_repository(out, ce_entry, rows, max_batch_size=max_batch_size)
+        write_if_changed(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -1,6 +1,7 @@
 """Triton Python-backend model of the embedded server: runs the cross-encoder's
 ``model.onnx`` (next to this file) on CPU with ONNX Runtime, or with OpenVINO when
-``runtime.json`` beside it says so (the ``openvino``/``openvino-bf16`` CPU variants).
+``runtime.json`` beside it says so (the ``openvino``/``openvino-bf16`` CPU variants), or on
+ONNX Runtime's CUDA provider when it says ``"device": "cuda"`` (triton-embedded-cuda-ort/).
 
 Copied into ``models/triton-embedded/cross_encoder/1/`` by `keyrank prepare`;
 it runs inside Triton's Python stub, so it imports nothing from keyrank.
@@ -64,20 +65,32 @@ class TritonPythonModel:
         # runtime.json names (keyrank/scoring/openvino.py; ONNX Runtime when it is absent)
         here = Path(__file__).resolve().parent
         runtime = json.loads((here / "runtime.json").read_text()) if (here / "runtime.json").is_file() else {}
+        self.device = None
+        """"cuda" where the session runs on ONNX Runtime's CUDA provider (runs then go through I/O binding)."""
         if runtime.get("runtime") == "openvino" and _has_openvino():
             self.session = _OpenVino(here / "model.onnx", runtime.get("precision", "f32"), options.intra_op_num_threads)
             self.session_inputs = self.session.input_names
         else:
-            self.session = ort.InferenceSession(str(here / "model.onnx"), options, providers=["CPUExecutionProvider"])
+            providers = ["CPUExecutionProvider"]
+            if runtime.get("device") == "cuda":  # the fp16 graph of triton-embedded-cuda-ort/ (keyrank/prepare/ort_cuda.py)
+                providers = _cuda_providers() or providers
+            self.session = ort.InferenceSession(str(here / "model.onnx"), options, providers=providers)
+            if runtime.get("device") == "cuda":
+                if self.session.get_providers()[0] == "CUDAExecutionProvider":
+                    self.device = "cuda"
+                else:
+                    print("keyrank: runtime.json asks for ONNX Runtime's CUDA provider, which this onnxruntime lacks or "
+                          "could not start (install onnxruntime-gpu, and a GPU); running the fp16 graph on the CPU", file=sys.stderr)
             # A fused graph may drop an input the model never reads (XLM-R's token_type_ids): Triton's config
             # keeps the export's inputs for every client, and the session is fed only those it declares.
             self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
-        self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or RUN_TOKENS)
+        # On the GPU a batch runs whole: its memory is the GPU's, and slices would starve it.
+        self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or (0 if self.device else RUN_TOKENS))
 
     def execute(self, requests: list) -> list:
         def run(batch: dict, batch_requests: list) -> list:
             feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
-            return _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens)
+            return _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens, self.device)
 
         return execute_grouped(requests, self.input_names, self.output_names, run)
 
@@ -92,26 +105,45 @@ _FROZEN_S = 0.5
 its requests meanwhile ("Stub process ... is not healthy")."""
 
 
-def _run_in_slices(session, output_names: list, batch: dict, requests: list, run_tokens: int) -> list:
+def _run_in_slices(session, output_names: list, batch: dict, requests: list, run_tokens: int, device: str | None = None) -> list:
     """``_run_unless_cancelled`` over row slices of at most ``run_tokens`` tokens each, outputs joined."""
     rows, width = next(iter(batch.values())).shape
     step = rows if run_tokens <= 0 else max(1, run_tokens // max(1, width))
     if rows <= step:
-        return _run_unless_cancelled(session, output_names, batch, requests)
-    parts = [_run_unless_cancelled(session, output_names, {k: v[i : i + step] for k, v in batch.items()}, requests)
+        return _run_unless_cancelled(session, output_names, batch, requests, device)
+    parts = [_run_unless_cancelled(session, output_names, {k: v[i : i + step] for k, v in batch.items()}, requests, device)
              for i in range(0, rows, step)]
     return [np.concatenate([part[j] for part in parts]) for j in range(len(output_names))]
 
 
-def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list) -> list:
+def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list, device: str | None = None) -> list:
     """``session.run``, terminated early when every request of the batch has been cancelled
-    (ONNX Runtime's RunOptions.terminate, or OpenVINO's InferRequest.cancel, from a watcher thread)."""
+    (ONNX Runtime's RunOptions.terminate, or OpenVINO's InferRequest.cancel, from a watcher thread).
+    On the GPU (``device`` "cuda") through I/O binding: inputs copied once, outputs copied back once."""
     if isinstance(session, _OpenVino):
         return session.run(output_names, batch, requests)
     options = ort.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")  # the arena given back
+    # the arena given back (the GPU's too)
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0;gpu:0" if device == "cuda" else "cpu:0")
     with _stopped_when_cancelled(requests, lambda: setattr(options, "terminate", True)):
-        return session.run(output_names, batch, options)
+        if device is None:
+            return session.run(output_names, batch, options)
+        binding = session.io_binding()  # keyrank/scoring/local.py run_bound, written out
+        for name, array in batch.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in output_names:
+            binding.bind_output(name, device)
+        session.run_with_iobinding(binding, options)
+        return binding.copy_outputs_to_cpu()
+
+
+def _cuda_providers() -> list | None:
+    """CUDA, then the CPU (keyrank/scoring/local.py cuda_providers, written out); None without CUDA."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return None
+    if hasattr(ort, "preload_dlls"):  # CUDA and cuDNN from the nvidia-* wheels (PyTorch's) where the system has none
+        ort.preload_dlls()
+    return [("CUDAExecutionProvider", {"device_id": 0, "arena_extend_strategy": "kSameAsRequested"}), "CPUExecutionProvider"]
 
 
 @contextmanager
