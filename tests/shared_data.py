@@ -20,3 +20,17 @@ def linked_copy(src: Path, dst: Path) -> Path:
 
     shutil.copytree(src, dst, copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__", LOCK_NAME))
     return dst
+
+
+def mixed_length_inputs(prepared: Path):
+    """Real model inputs of very different lengths, as the GPU variants' tests score them: DL20 passages (short)
+    and joined passages (long), framed by the prepared folder's pipeline."""
+    from keyrank.bench.workloads import dl20_requests
+    from keyrank.config import Settings
+    from keyrank.pipeline import Pipeline, RerankOptions
+
+    pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared, document_cache_bytes=0))
+    query, docs = dl20_requests(DATASETS, 1)[0]
+    short = pipeline.plan(query, docs[:12], RerankOptions(strategy="firstp")).inputs
+    long = pipeline.plan(query, [" ".join(docs[i : i + 8]) for i in range(0, 32, 8)], RerankOptions(strategy="firstp")).inputs
+    return short + long

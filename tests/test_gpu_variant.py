@@ -15,12 +15,11 @@ import pytest
 from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
 from keyrank.prepare.gpu_repository import REPOSITORY, write_gpu_repository
-from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, bucket_batches
 from keyrank.scoring.local import LocalScorer
 from keyrank.modelserver.python_models.torch_encoder import TorchCrossEncoder, flops_per_sequence
 from keyrank.modelserver.repository import MODEL_NAME
-from shared_data import CE_MODEL, DATASETS
+from shared_data import CE_MODEL, DATASETS, mixed_length_inputs
 
 torch = pytest.importorskip("torch")
 FIXED = [64, 128, 256, 384, 512]
@@ -39,11 +38,7 @@ def gpu_models(prepared_models: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sequences(prepared_models: Path) -> ModelInputs:
     """Real model inputs of very different lengths: DL20 passages (short) and joined passages (long)."""
-    pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared_models, document_cache_bytes=0))
-    query, docs = dl20_requests(DATASETS, 1)[0]
-    short = pipeline.plan(query, docs[:12], RerankOptions(strategy="firstp")).inputs
-    long = pipeline.plan(query, [" ".join(docs[i : i + 8]) for i in range(0, 32, 8)], RerankOptions(strategy="firstp")).inputs
-    return short + long
+    return mixed_length_inputs(prepared_models)
 
 
 @pytest.fixture(scope="module")

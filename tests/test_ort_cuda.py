@@ -16,12 +16,11 @@ import pytest
 from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
 from keyrank.modelserver.repository import MODEL_NAME
-from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.prepare import ort_cuda
 from keyrank.reranker import Reranker
 from keyrank.scoring import ModelInputs
 from keyrank.scoring.local import CUDA, LocalScorer, cuda_providers
-from shared_data import DATASETS
+from shared_data import DATASETS, mixed_length_inputs
 
 FIXED = [64, 128, 256, 384, 512]
 HAS_CUDA = CUDA in ort.get_available_providers()
@@ -43,11 +42,7 @@ def ort_models(prepared_models: Path, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def sequences(prepared_models: Path) -> ModelInputs:
     """Real model inputs of very different lengths: DL20 passages (short) and joined passages (long)."""
-    pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared_models, document_cache_bytes=0))
-    query, docs = dl20_requests(DATASETS, 1)[0]
-    short = pipeline.plan(query, docs[:12], RerankOptions(strategy="firstp")).inputs
-    long = pipeline.plan(query, [" ".join(docs[i : i + 8]) for i in range(0, 32, 8)], RerankOptions(strategy="firstp")).inputs
-    return short + long
+    return mixed_length_inputs(prepared_models)
 
 
 @pytest.fixture(scope="module")
