@@ -39,6 +39,28 @@ def prepared_models() -> Path:
     return out
 
 
+# --- mixed_inputs / mixed_fp32 ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mixed_inputs(prepared_models: Path):
+    """Real model inputs of very different lengths (DL20 passages, short, and joined passages, long): what the
+    GPU variants' tests score on the CPU."""
+    from shared_data import mixed_length_inputs
+
+    return mixed_length_inputs(prepared_models)
+
+
+@pytest.fixture(scope="session")
+def mixed_fp32(prepared_models: Path, mixed_inputs):
+    """``mixed_inputs`` scored by the fp32 ONNX export in-process: the reference of those tests."""
+    from keyrank.modelserver.repository import MODEL_NAME
+    from keyrank.scoring.local import LocalScorer
+
+    onnx = prepared_models / "triton" / MODEL_NAME / "1" / "model.onnx"
+    return LocalScorer(onnx, pad_id=0, buckets=[64, 128, 256, 384, 512], threads=2).score_sync(mixed_inputs, want_pooled=True)
+
+
 # --- embedded_triton ------------------------------------------------------------------------
 
 

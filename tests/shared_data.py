@@ -34,3 +34,24 @@ def mixed_length_inputs(prepared: Path):
     short = pipeline.plan(query, docs[:12], RerankOptions(strategy="firstp")).inputs
     long = pipeline.plan(query, [" ".join(docs[i : i + 8]) for i in range(0, 32, 8)], RerankOptions(strategy="firstp")).inputs
     return short + long
+
+
+def embedded_scores(repository: Path, settings, inputs):
+    """``inputs`` scored (logits and pooled vectors) by the real embedded tritonserver serving ``repository``."""
+    import asyncio
+    import time
+
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.modelserver.repository import MODEL_NAME
+    from keyrank.scoring.triton import TritonScorer
+
+    with EmbeddedTriton(repository, settings=settings) as server:
+        async def score():
+            scorer = TritonScorer(server.grpc_url, model=MODEL_NAME, pad_id=0, buckets=[64, 128, 256, 384, 512], batch_size=8,
+                                  max_shapes=4)
+            try:
+                return await scorer.score(inputs, want_pooled=True, deadline=time.monotonic() + 120)
+            finally:
+                await scorer.close()
+
+        return asyncio.run(score())

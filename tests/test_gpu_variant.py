@@ -4,10 +4,8 @@ comparison runs too."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +14,9 @@ from keyrank.bench.workloads import dl20_requests
 from keyrank.config import Settings
 from keyrank.prepare.gpu_repository import REPOSITORY, write_gpu_repository
 from keyrank.scoring import ModelInputs, bucket_batches
-from keyrank.scoring.local import LocalScorer
 from keyrank.modelserver.python_models.torch_encoder import TorchCrossEncoder, flops_per_sequence
 from keyrank.modelserver.repository import MODEL_NAME
-from shared_data import CE_MODEL, DATASETS, mixed_length_inputs
+from shared_data import CE_MODEL, DATASETS, embedded_scores
 
 torch = pytest.importorskip("torch")
 FIXED = [64, 128, 256, 384, 512]
@@ -35,21 +32,9 @@ def gpu_models(prepared_models: Path, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def sequences(prepared_models: Path) -> ModelInputs:
-    """Real model inputs of very different lengths: DL20 passages (short) and joined passages (long)."""
-    return mixed_length_inputs(prepared_models)
-
-
-@pytest.fixture(scope="module")
-def onnx_scores(prepared_models: Path, sequences):
-    onnx = prepared_models / "triton" / MODEL_NAME / "1" / "model.onnx"
-    return LocalScorer(onnx, pad_id=0, buckets=FIXED, threads=2).score_sync(sequences, want_pooled=True)
-
-
-def _torch_scores(encoder: TorchCrossEncoder, sequences: ModelInputs) -> tuple[np.ndarray, np.ndarray]:
-    logits, pooled = np.empty(len(sequences), np.float32), np.empty((len(sequences), 384), np.float32)
-    for batch in bucket_batches(sequences, buckets=FIXED, batch_size=16, pad_id=0, max_shapes=4):
+def _torch_scores(encoder: TorchCrossEncoder, mixed_inputs: ModelInputs) -> tuple[np.ndarray, np.ndarray]:
+    logits, pooled = np.empty(len(mixed_inputs), np.float32), np.empty((len(mixed_inputs), 384), np.float32)
+    for batch in bucket_batches(mixed_inputs, buckets=FIXED, batch_size=16, pad_id=0, max_shapes=4):
         out_logits, out_pooled = encoder(batch.input_ids, batch.attention_mask, batch.token_type_ids)
         logits[batch.rows], pooled[batch.rows] = out_logits[:, -1], out_pooled
     return logits, pooled
@@ -59,18 +44,18 @@ def _folder(gpu_models: Path) -> Path:
     return gpu_models / REPOSITORY / MODEL_NAME / "1"
 
 
-def test_the_gpu_variants_code_on_cpu_in_fp32_gives_the_onnx_scores(gpu_models, sequences, onnx_scores):
+def test_the_gpu_variants_code_on_cpu_in_fp32_gives_the_onnx_scores(gpu_models, mixed_inputs, mixed_fp32):
     encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="float32")
-    logits, pooled = _torch_scores(encoder, sequences)
-    np.testing.assert_allclose(logits, onnx_scores.logits, atol=1e-4)
-    np.testing.assert_allclose(pooled, onnx_scores.pooled, atol=1e-4)
+    logits, pooled = _torch_scores(encoder, mixed_inputs)
+    np.testing.assert_allclose(logits, mixed_fp32.logits, atol=1e-4)
+    np.testing.assert_allclose(pooled, mixed_fp32.pooled, atol=1e-4)
 
 
-def test_half_precision_stays_within_tolerance_and_keeps_the_ranking(gpu_models, sequences, onnx_scores):
+def test_half_precision_stays_within_tolerance_and_keeps_the_ranking(gpu_models, mixed_inputs, mixed_fp32):
     encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="bfloat16")  # bf16 runs on CPUs too
-    logits, _ = _torch_scores(encoder, sequences)
-    assert np.abs(logits - onnx_scores.logits).max() < 0.1
-    assert np.corrcoef(np.argsort(np.argsort(logits)), np.argsort(np.argsort(onnx_scores.logits)))[0, 1] > 0.98
+    logits, _ = _torch_scores(encoder, mixed_inputs)
+    assert np.abs(logits - mixed_fp32.logits).max() < 0.1
+    assert np.corrcoef(np.argsort(np.argsort(logits)), np.argsort(np.argsort(mixed_fp32.logits)))[0, 1] > 0.98
 
 
 def _tensors(config: str) -> list[tuple[str, str, str]]:
@@ -118,31 +103,20 @@ def test_the_torch_scorer_ranks_like_onnx_runtime(gpu_models, prepared_models):
 
 
 @pytest.mark.triton
-def test_embedded_triton_serves_the_gpu_variant_with_the_onnx_scores(gpu_models, sequences, onnx_scores):
-    from keyrank.scoring.triton import TritonScorer
-    from keyrank.modelserver.embedded import EmbeddedTriton
-
+def test_embedded_triton_serves_the_gpu_variant_with_the_onnx_scores(gpu_models, mixed_inputs, mixed_fp32):
     settings = Settings(model_dir=gpu_models, embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-    with EmbeddedTriton(gpu_models / REPOSITORY, settings=settings) as server:
-        async def score():
-            scorer = TritonScorer(server.grpc_url, model=MODEL_NAME, pad_id=0, buckets=FIXED, batch_size=8, max_shapes=4)
-            try:
-                return await scorer.score(sequences, want_pooled=True, deadline=time.monotonic() + 120)
-            finally:
-                await scorer.close()
-
-        scores = asyncio.run(score())
-    np.testing.assert_allclose(scores.logits, onnx_scores.logits, atol=1e-4)
-    np.testing.assert_allclose(scores.pooled, onnx_scores.pooled, atol=1e-4)
+    scores = embedded_scores(gpu_models / REPOSITORY, settings, mixed_inputs)
+    np.testing.assert_allclose(scores.logits, mixed_fp32.logits, atol=1e-4)
+    np.testing.assert_allclose(scores.pooled, mixed_fp32.pooled, atol=1e-4)
     # model.py imported torch_encoder.py and grouping.py from beside itself, and compiled none of them there.
     assert list((gpu_models / REPOSITORY).rglob("__pycache__")) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run on the GPU machine)")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_on_cuda_half_precision_scores_are_within_fp16_tolerance_of_fp32_onnx(gpu_models, sequences, onnx_scores, dtype):
+def test_on_cuda_half_precision_scores_are_within_fp16_tolerance_of_fp32_onnx(gpu_models, mixed_inputs, mixed_fp32, dtype):
     for graphs in (False, True):
         encoder = TorchCrossEncoder(_folder(gpu_models), device="cuda", dtype=dtype, cuda_graphs=graphs)
-        logits, pooled = _torch_scores(encoder, sequences)
-        assert np.abs(logits - onnx_scores.logits).max() < 0.1, (dtype, graphs)
-        assert np.abs(pooled - onnx_scores.pooled).max() < 0.05, (dtype, graphs)
+        logits, pooled = _torch_scores(encoder, mixed_inputs)
+        assert np.abs(logits - mixed_fp32.logits).max() < 0.1, (dtype, graphs)
+        assert np.abs(pooled - mixed_fp32.pooled).max() < 0.05, (dtype, graphs)

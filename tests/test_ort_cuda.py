@@ -4,10 +4,8 @@ onnxruntime has a working CUDA provider the GPU test runs too."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +16,8 @@ from keyrank.config import Settings
 from keyrank.modelserver.repository import MODEL_NAME
 from keyrank.prepare import ort_cuda
 from keyrank.reranker import Reranker
-from keyrank.scoring import ModelInputs
 from keyrank.scoring.local import CUDA, LocalScorer, cuda_providers
-from shared_data import DATASETS, mixed_length_inputs
+from shared_data import DATASETS, embedded_scores
 
 FIXED = [64, 128, 256, 384, 512]
 HAS_CUDA = CUDA in ort.get_available_providers()
@@ -39,32 +36,20 @@ def ort_models(prepared_models: Path, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def sequences(prepared_models: Path) -> ModelInputs:
-    """Real model inputs of very different lengths: DL20 passages (short) and joined passages (long)."""
-    return mixed_length_inputs(prepared_models)
-
-
-@pytest.fixture(scope="module")
-def fp32_scores(prepared_models: Path, sequences):
-    onnx = prepared_models / "triton" / MODEL_NAME / "1" / "model.onnx"
-    return LocalScorer(onnx, pad_id=0, buckets=FIXED, threads=2).score_sync(sequences, want_pooled=True)
-
-
 def _fp16(ort_models: Path) -> Path:
     return ort_models / ort_cuda.REPOSITORY / MODEL_NAME / "1" / "model.onnx"
 
 
-def test_the_fp16_graph_keeps_the_exports_tensors_and_its_scores(ort_models, sequences, fp32_scores):
+def test_the_fp16_graph_keeps_the_exports_tensors_and_its_scores(ort_models, mixed_inputs, mixed_fp32):
     session = ort.InferenceSession(str(_fp16(ort_models)), providers=["CPUExecutionProvider"])
     assert {i.name: i.type for i in session.get_inputs()} == {n: "tensor(int64)" for n in ("input_ids", "attention_mask", "token_type_ids")}
     assert {o.name: o.type for o in session.get_outputs()} == {"logits": "tensor(float)", "pooled": "tensor(float)"}
     # fp16 inside: the weights are half the size of the fp32 export's
     fp32_size = (ort_models / "triton" / MODEL_NAME / "1" / "model.onnx").stat().st_size
     assert _fp16(ort_models).stat().st_size < 0.6 * fp32_size
-    scores = LocalScorer(_fp16(ort_models), pad_id=0, buckets=FIXED, threads=2).score_sync(sequences, want_pooled=True)
-    assert 0 < np.abs(scores.logits - fp32_scores.logits).max() < 0.02  # fp16 rounding, not another model
-    assert np.abs(scores.pooled - fp32_scores.pooled).max() < 0.02
+    scores = LocalScorer(_fp16(ort_models), pad_id=0, buckets=FIXED, threads=2).score_sync(mixed_inputs, want_pooled=True)
+    assert 0 < np.abs(scores.logits - mixed_fp32.logits).max() < 0.02  # fp16 rounding, not another model
+    assert np.abs(scores.pooled - mixed_fp32.pooled).max() < 0.02
     entry = json.loads((ort_models / "entry.json").read_text())
     assert entry["runtime"] == "onnxruntime" and entry["device"] == "cuda" and entry["precision"] == "fp16"
     assert 0 < entry["max_abs_diff_vs_fp32"] < ort_cuda.FP16_ATOL and entry["pairs"] == 16
@@ -96,14 +81,14 @@ def test_the_provider_choice():
     assert Settings(model_dir=Path("m"), embedded_device="cuda", embedded_cuda_runtime="onnxruntime").embedded_repository() == Path("m/triton-embedded-cuda-ort")
 
 
-def test_runs_through_io_binding_give_the_scores_of_session_run(prepared_models, sequences, fp32_scores):
+def test_runs_through_io_binding_give_the_scores_of_session_run(prepared_models, mixed_inputs, mixed_fp32):
     onnx = prepared_models / "triton" / MODEL_NAME / "1" / "model.onnx"
     scorer = LocalScorer(onnx, pad_id=0, buckets=FIXED, threads=2)
     assert scorer.bound_device is None  # a CPU session runs session.run
     scorer.bound_device = "cpu"  # the GPU's code path, bound to host memory
-    bound = scorer.score_sync(sequences, want_pooled=True)
-    np.testing.assert_allclose(bound.logits, fp32_scores.logits, atol=1e-5)
-    np.testing.assert_allclose(bound.pooled, fp32_scores.pooled, atol=1e-5)
+    bound = scorer.score_sync(mixed_inputs, want_pooled=True)
+    np.testing.assert_allclose(bound.logits, mixed_fp32.logits, atol=1e-5)
+    np.testing.assert_allclose(bound.pooled, mixed_fp32.pooled, atol=1e-5)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has CUDA: the fall back is not what runs")
@@ -131,32 +116,21 @@ def test_reranker_local_on_cuda_falls_back_to_the_cpu_variant_and_says_why(ort_m
 
 
 @pytest.mark.triton
-def test_embedded_triton_serves_the_fp16_graph_and_runs_it_on_the_cpu_without_cuda(ort_models, sequences, fp32_scores):
-    from keyrank.modelserver.embedded import EmbeddedTriton
-    from keyrank.scoring.triton import TritonScorer
-
+def test_embedded_triton_serves_the_fp16_graph_and_runs_it_on_the_cpu_without_cuda(ort_models, mixed_inputs, mixed_fp32):
     settings = Settings(model_dir=ort_models, embedded_device="cuda", embedded_cuda_runtime="onnxruntime",
                         embedded_http_port=0, embedded_grpc_port=0, embedded_metrics_port=0)
-    with EmbeddedTriton(settings.embedded_repository(), settings=settings) as server:
-        async def score():
-            scorer = TritonScorer(server.grpc_url, model=MODEL_NAME, pad_id=0, buckets=FIXED, batch_size=8, max_shapes=4)
-            try:
-                return await scorer.score(sequences, want_pooled=True, deadline=time.monotonic() + 120)
-            finally:
-                await scorer.close()
-
-        scores = asyncio.run(score())
-    assert 0 < np.abs(scores.logits - fp32_scores.logits).max() < 0.02  # the fp16 graph ran
-    assert np.abs(scores.pooled - fp32_scores.pooled).max() < 0.02
+    scores = embedded_scores(settings.embedded_repository(), settings, mixed_inputs)
+    assert 0 < np.abs(scores.logits - mixed_fp32.logits).max() < 0.02  # the fp16 graph ran
+    assert np.abs(scores.pooled - mixed_fp32.pooled).max() < 0.02
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu and a CUDA device (run on the GPU machine)")
-def test_on_cuda_the_fp16_graph_runs_on_the_gpu_within_fp16_tolerance(ort_models, sequences, fp32_scores):
+def test_on_cuda_the_fp16_graph_runs_on_the_gpu_within_fp16_tolerance(ort_models, mixed_inputs, mixed_fp32):
     with Reranker.local(ort_models, device="cuda") as reranker:
         assert reranker.scorer.bound_device == "cuda" and reranker.scorer.runtime["provider"] == CUDA
-        scores = reranker.scorer.score_sync(sequences, want_pooled=True)
-    assert np.abs(scores.logits - fp32_scores.logits).max() < 0.05
-    assert np.abs(scores.pooled - fp32_scores.pooled).max() < 0.05
+        scores = reranker.scorer.score_sync(mixed_inputs, want_pooled=True)
+    assert np.abs(scores.logits - mixed_fp32.logits).max() < 0.05
+    assert np.abs(scores.pooled - mixed_fp32.pooled).max() < 0.05
 
 
 def test_the_gpu_benchmark_says_why_the_onnx_runtime_cuda_row_is_missing(ort_models, monkeypatch):
