@@ -11,9 +11,12 @@
 # ONNX Runtime's CUDA provider needs more than one copy holds: bash docs/experiments/gpu_carry.sh --ort [models-dir]
 # builds .gpu-ort/, to be copied in pieces of at most 64 MiB each:
 #   .gpu-ort/models/triton-embedded-cuda-ort/  the fp16 graph (~46 MB, python -m keyrank.prepare.ort_cuda), one copy
-#   .gpu-ort/wheel/part-NN                     onnxruntime-gpu for Python 3.12 (~256 MB) in 60 MiB parts, one copy
+#   .gpu-ort/wheel/part-NN                     onnxruntime-gpu for Python 3.12 (210-265 MB) in 60 MiB parts, one copy
 #                                              each; needed only where the GPU machine's python lacks the CUDA provider
 #                                              (python3 -c "import onnxruntime as o; print(o.get_available_providers())")
+# The wheel must be built for the CUDA major of the libraries there (PyTorch's: python3 -c "import torch;
+# print(torch.version.cuda)"): PyPI's onnxruntime-gpu is built for CUDA 13 from 1.27.0 on and for CUDA 12 up to
+# 1.26.0 (build_and_package_info.py in each wheel). ORT_CUDA=12 picks 1.26.0; the default, 13, the newest.
 #   .gpu-ort/wheel/NAME                        the wheel's file name, for `cat part-* > $(cat NAME)` there
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
@@ -25,9 +28,10 @@ if [ "${1:-}" = "--ort" ]; then
   [ -f "$MODELS/triton-embedded-cuda-ort/cross_encoder/1/model.onnx" ] || "$PY" -m keyrank.prepare.ort_cuda --out "$MODELS"
   rm -rf .gpu-ort && mkdir -p .gpu-ort/models .gpu-ort/wheel
   cp -r "$MODELS/triton-embedded-cuda-ort" .gpu-ort/models/
-  # The newest onnxruntime-gpu built for the GPU machine's Python 3.12 (CUDA 12; its libraries come from PyTorch's nvidia-* wheels there).
+  # onnxruntime-gpu for the GPU machine's Python 3.12 and CUDA major (its libraries come from PyTorch's nvidia-* wheels there).
+  SPEC=onnxruntime-gpu; [ "${ORT_CUDA:-13}" = 12 ] && SPEC=onnxruntime-gpu==1.26.0
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 -d .gpu-ort/dl onnxruntime-gpu
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 -d .gpu-ort/dl "$SPEC"
   WHEEL=$(ls .gpu-ort/dl/*.whl)
   basename "$WHEEL" > .gpu-ort/wheel/NAME
   split -b 60M -d "$WHEEL" .gpu-ort/wheel/part-
