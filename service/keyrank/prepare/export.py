@@ -305,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"top-1 {gate['top1_agreement']:.0%}, max|diff| {gate['max_abs_diff']:.2e} vs fp32 on {gate['pairs']} pairs")
     else:
         print(f"cpu model: {cpu['variant']}" + (f" ({cpu['fallback']})" if cpu.get("fallback") else ""))
+    ort_cuda = manifest["cross_encoder"].get("ort_cuda")
+    if args.device == "cuda" and ort_cuda:
+        print(f"cuda model (ONNX Runtime, triton-embedded-cuda-ort): fp16, max|diff| {ort_cuda['max_abs_diff_vs_fp32']:.2e} "
+              f"vs fp32 on {ort_cuda['pairs']} pairs")
     print(f"prepared {args.out} in {time.perf_counter() - started:.1f} s")
     return 0
 
