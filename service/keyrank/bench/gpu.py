@@ -125,18 +125,11 @@ def ort_cuda_saturation(version: Path, rows: np.ndarray, reference: np.ndarray, 
                         seconds: float = 2.0, batches: tuple[int, ...] = (32, 64, 128, 256, 512)) -> dict:
     """The fp16 graph on ONNX Runtime's CUDA provider through I/O binding (``Reranker.local(device="cuda")``'s
     session, prepare/ort_cuda.py) like ``encoder_saturation``'s rows; or why it cannot run here."""
-    import onnxruntime as ort
+    from keyrank.scoring.local import cuda_scorer, run_bound, run_options
 
-    from keyrank.scoring.local import LocalScorer, cuda_providers, load_cuda_libraries, run_bound, run_options
-
-    providers = cuda_providers(ort.get_available_providers())
-    if not (version / "model.onnx").is_file() or providers is None:
-        return {"skipped": f"{version / 'model.onnx'} missing (python -m keyrank.prepare.ort_cuda)" if providers else
-                "this onnxruntime has no CUDA provider (onnxruntime-gpu)"}
-    load_cuda_libraries()
-    scorer = LocalScorer(version / "model.onnx", pad_id=0, providers=providers)
-    if scorer.bound_device is None:
-        return {"skipped": "ONNX Runtime's CUDA provider did not start"}
+    scorer, why_not = cuda_scorer(version, pad_id=0)
+    if scorer is None:
+        return {"skipped": why_not}
 
     def run(ids: np.ndarray) -> np.ndarray:
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}

@@ -151,7 +151,8 @@ def cuda_scorer(version: Path, **shapes) -> tuple[LocalScorer | None, str]:
 
     model = Path(version) / "model.onnx"
     if not model.is_file():
-        return None, f"{model} missing: `keyrank prepare --device cuda` writes it"
+        return None, (f"{model} missing: `keyrank prepare --device cuda` writes it "
+                      "(`python -m keyrank.prepare.ort_cuda` in a folder prepared before)")
     providers = cuda_providers(ort.get_available_providers())
     if providers is None:
         return None, "this onnxruntime has no CUDA provider (install onnxruntime-gpu in place of onnxruntime)"
