@@ -52,6 +52,7 @@ class Settings(BaseSettings):
     block_cost: float = Field(1.0, description="Per-block cost in the segmentation DP, so blocks are not needlessly short.")
     window_stride: int | None = Field(None, description="MaxP/SumP stride in tokens; unset = half a window.")
     max_windows_per_doc: int = Field(64, description="Cap on windows per document (maxp/sump/avgp/parade); cuts are reported.")
+    window_cap_by: Literal["bm25", "first"] = Field("bm25", description="Which windows a document more than the cap (max_windows_per_doc, or the request's) keeps: 'bm25' = the best by BM25 against the query (the bm25 selector's settings), in document order; 'first' = the first ones (the text past them is never read). Chosen on dev: docs/EXPERIMENTS.md, 2026-11-27.")
 
     # --- selectors -----------------------------------------------------------
     bm25_k1: float = Field(0.9, description="BM25 k1 (Anserini default).")

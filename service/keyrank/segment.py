@@ -6,7 +6,9 @@ Two cuts:
   if a newline follows it, 1 after ``. ? !``, 2 after ``,`` and 8 anywhere else
   (a forced break); each block also costs ``block_cost`` so the DP does not cut
   needlessly short blocks. Dynamic programming finds the cheapest cut.
-- ``windows``: sliding windows (MaxP/SumP/PARADE) or disjoint chunks (AvgP).
+- ``windows``: sliding windows (MaxP/SumP/PARADE) or disjoint chunks (AvgP); past the
+  per-document cap, either the first ones (``windows``) or the best-scored ones
+  (``best_windows``, given a score per window: BM25's, chosen in pipeline.py).
 
 Pieces are ``Spans`` (token [start, end) arrays): views, never copies of text.
 """
@@ -137,3 +139,12 @@ def windows(n_tokens: int, size: int, stride: int, max_windows: int) -> Spans:
     truncated = starts.shape[0] > max_windows
     starts = starts[:max_windows]
     return Spans(starts, np.minimum(starts + size, n_tokens), truncated=truncated)
+
+
+def best_windows(spans: Spans, scores: np.ndarray, max_windows: int) -> Spans:
+    """The ``max_windows`` best-scored of ``spans`` (ties: the earlier), in document order; ``spans`` as they
+    are when no more than that. The cut is reported (``truncated``), as ``windows``' is."""
+    if len(spans) <= max_windows:
+        return spans
+    keep = np.sort(np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:max_windows])
+    return Spans(spans.starts[keep], spans.ends[keep], truncated=True)

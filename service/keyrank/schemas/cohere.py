@@ -100,7 +100,8 @@ class CohereRerankRequest(VendorRequest):
     """Cohere: accepted and ignored; every admitted request is served in arrival order."""
     max_chunks_per_doc: Count | None = None
     """The most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
-    under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
+    under KEYRANK_MAX_WINDOWS_PER_DOC: the best by BM25 against the query, in document order (KEYRANK_WINDOW_CAP_BY=first:
+    the first ones); a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
     return_evidence: bool = False
     """keyrank's extension: add each result's evidence spans and coverage (evidence, truncated, read_tokens,
     document_tokens); clients that do not know these fields still parse the answer."""

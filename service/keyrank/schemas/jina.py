@@ -43,7 +43,8 @@ class V1RerankRequest(VendorRequest):
     """Read at most this many tokens of each document."""
     max_chunks_per_doc: Count | None = None
     """Cohere v1: the most windows scored per document by the windowed strategies (maxp, sump, avgp, parade-*),
-    under KEYRANK_MAX_WINDOWS_PER_DOC; a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
+    under KEYRANK_MAX_WINDOWS_PER_DOC: the best by BM25 against the query, in document order (KEYRANK_WINDOW_CAP_BY=first:
+    the first ones); a cut is reported (``truncated``). Ignored when the strategy cuts no windows (keyb2, firstp)."""
     return_embeddings: bool | None = None
     """Jina: accepted and ignored; a cross-encoder has no document embeddings."""
     return_evidence: bool = False
