@@ -39,6 +39,16 @@ def test_keyb2_variants_are_tried_per_selector_and_named_settings_only():
         tune.parse_variant("keyb2_budgett=fill")
 
 
+def test_windows_strategies_are_tried_with_each_window_variant():
+    systems = tune.candidates(["maxp", "firstp", "parade-avg"], ["bm25"], [""], ["", "max_windows_per_doc=3"])
+    assert [c.name for c in systems] == ["maxp", "maxp max_windows_per_doc=3", "firstp", "parade-avg",
+                                         "parade-avg max_windows_per_doc=3"]
+    assert systems[1].env() == {"KEYRANK_DEFAULT_STRATEGY": "maxp", "KEYRANK_MAX_WINDOWS_PER_DOC": "3"}
+    assert tune.parser().parse_args(["--qrels", "q", "--docs", "d", "--queries", "t"]).windows == list(tune.WINDOW_VARIANTS)
+    with pytest.raises(SystemExit, match="--windows 'max_window=3'"):
+        tune.candidates(["maxp"], ["bm25"], [""], ["max_window=3"])
+
+
 def test_queries_without_a_relevant_candidate_are_refused_with_the_reason(prepared_models, tmp_path):
     qrels, docs, queries = toy_trec(tmp_path)
     qrels.write_text("".join(line.rsplit(" ", 1)[0] + " 0\n" for line in qrels.read_text().splitlines()))

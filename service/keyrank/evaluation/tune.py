@@ -1,4 +1,4 @@
-"""keyrank tune: choose the strategy, selector and keyb2 settings on your own judged queries.
+"""keyrank tune: choose the strategy, selector, keyb2 settings and window cap on your own judged queries.
 
     keyrank tune --qrels dev.qrels --docs docs.jsonl --queries dev.tsv [--run first-stage.run] --out tune
 
@@ -40,6 +40,11 @@ KEYB2_VARIANTS = ("", "keyb2_min_score_share=0", "keyb2_budget=fill", "keyb2_pas
 """keyb2 settings tried by default beside the defaults: the papers' full budget (no adaptive share),
 every token that fits next to the query, and a second reading of the next-best blocks. More with
 ``--keyb2``."""
+WINDOW_VARIANTS = ("", "max_windows_per_doc=3")
+"""Settings the windows strategies are tried with: every window (up to the service's cap), and the 3 best
+windows of a document by BM25 (``window_cap_by``), which on dev cost maxp half its tokens on meetings and
+a quarter on far-relevant documents for no measurable loss (docs/EXPERIMENTS.md, 2026-11-27). More with
+``--windows``; scored windows are shared (memoised), so a capped variant costs little to try."""
 
 
 @dataclass(frozen=True)
@@ -64,24 +69,28 @@ class Candidate:
         return lines
 
 
-def parse_variant(text: str) -> dict[str, str]:
+def parse_variant(text: str, option: str = "--keyb2") -> dict[str, str]:
     """``"keyb2_budget=fill,keyb2_min_score_share=0"`` as a dict; names are checked against Settings."""
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = item.partition("=")
         if not sep or name not in Settings.model_fields:
-            raise SystemExit(f"--keyb2 {text!r}: give name=value pairs of settings (e.g. keyb2_budget=fill); "
+            raise SystemExit(f"{option} {text!r}: give name=value pairs of settings (e.g. keyb2_budget=fill); "
                              f"{name!r} is not a setting")
         out[name] = value
     return out
 
 
-def candidates(strategies: Sequence[str], selectors: Sequence[str], variants: Sequence[str]) -> list[Candidate]:
-    """Each strategy once; keyb2 once per selector and settings variant."""
+def candidates(strategies: Sequence[str], selectors: Sequence[str], variants: Sequence[str],
+               window_variants: Sequence[str] = ("",)) -> list[Candidate]:
+    """Each strategy once; keyb2 once per selector and settings variant; a windows strategy once per
+    ``window_variants`` entry."""
     out = []
     for strategy in strategies:
         if REGISTRY[strategy].needs_selector:
-            out += [Candidate(strategy, s, parse_variant(v)) for s in selectors for v in variants]
+            out += [Candidate(strategy, s, parse_variant(v, "--keyb2")) for s in selectors for v in variants]
+        elif REGISTRY[strategy].windowed:
+            out += [Candidate(strategy, None, parse_variant(v, "--windows")) for v in window_variants]
         else:
             out.append(Candidate(strategy))
     return out
@@ -165,6 +174,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--selectors", nargs="+", default=list(SELECTORS), choices=SELECTORS, help="keyb2 selectors to try")
     p.add_argument("--keyb2", nargs="*", default=list(KEYB2_VARIANTS), metavar="NAME=VALUE[,...]",
                    help="keyb2 settings variants to try with each selector ('' = the defaults)")
+    p.add_argument("--windows", nargs="*", default=list(WINDOW_VARIANTS), metavar="NAME=VALUE[,...]",
+                   help="settings variants to try with each windows strategy (maxp, sump, avgp, parade-*; '' = the defaults)")
     p.add_argument("--prefer", choices=("cost", "quality"), default="cost",
                    help="cost: the cheapest system not measurably worse than the best; quality: the best")
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline per ranking")
@@ -183,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         queries = tasks.trec_queries(trec_files(args, "keyrank tune"))
     except ValueError as exc:
         raise SystemExit(f"keyrank tune: {exc}") from None
-    systems_ = candidates(args.strategies, args.selectors, args.keyb2 or [""])
+    systems_ = candidates(args.strategies, args.selectors, args.keyb2 or [""], args.windows or [""])
     print(f"tune: {len(systems_)} systems on {len(queries)} queries", file=sys.stderr)
     runs = asyncio.run(_rank_all(args, settings, queries, systems_))
     winner, rows = report(queries, runs, systems_, prefer=args.prefer, seed=args.seed)
