@@ -49,11 +49,13 @@ AUTO_BF16 = "openvino-bf16"
 """What ``auto`` tries first where the CPU computes bfloat16: 2.1x fused on 512-token pairs here."""
 AUTO_INT8 = "openvino-int8"
 """The calibrated int8 variant: fast int8 CPUs (VNNI, AMX), served when asked for by name."""
-INT8_NOT_IN_AUTO = ("not tried by auto: it passes the gate, but its nDCG@10 on a full split is outside 0.005 of fp32 "
-                    "(ce-minilm-l6, keyb2-bm25, QMSum val: -0.007 [-0.013, -0.003]; docs/PERFORMANCE.md section 7); "
-                    "ask for it with --cpu-variant openvino-int8")
+INT8_NOT_IN_AUTO = ("not tried by auto: it passes the gate, but its nDCG@10 on a full split is at or outside 0.005 "
+                    "of fp32 (keyb2-bm25, QMSum val: ce-minilm-l6 -0.007 [-0.013, -0.003], a keyb2 scorer fine-tuned "
+                    "from it -0.005 [-0.011, +0.001]), and on a CPU with AMX it is no faster than openvino-bf16 "
+                    "(0.95-1.01x at 512 tokens; docs/PERFORMANCE.md section 7); ask for it with --cpu-variant openvino-int8")
 """Why ``auto`` does not serve ``openvino-int8``, written into the manifest: the gate is necessary, the
-ranking on full splits decides, and int8 lost more than the bound there."""
+ranking on full splits decides, and int8 lost the bound there for the base scorer, reached it for a fine-tuned
+one, and bought no speed on the CPU that measured it."""
 OPENVINO = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "bf16"}
 """The variants OpenVINO runs, and the precision each asks of it (int8: of the operations left in floating point)."""
 BUILT_FOR_OPENVINO = frozenset({"openvino-int8"})
