@@ -26,6 +26,16 @@ def test_rows_are_medians_of_interleaved_rounds_as_pairs_per_second_ratios_and_s
     assert "share_of_peak" not in short["keyrank"] and short["other"]["ratio"] == 0.5
 
 
+def test_rounds_alternate_the_order_so_no_system_keeps_the_better_place():
+    names = ["keyrank-local", "st-openvino", "st-torch"]
+    orders = [peers.round_order(names, r) for r in range(4)]
+    assert orders == [names, names[::-1], names, names[::-1]]
+    assert all(sorted(o) == sorted(names) for o in orders)
+    # Over an even number of rounds the first and the last system hold each end equally often.
+    places = {n: sorted(o.index(n) for o in orders) for n in names}
+    assert places == {"keyrank-local": [0, 0, 2, 2], "st-openvino": [1, 1, 1, 1], "st-torch": [0, 0, 2, 2]}
+
+
 def test_each_row_is_compared_with_the_fastest_peer_and_the_bf16_peak():
     rows = {"keyrank local": {"pairs_per_s": 24.0}, "keyrank, Triton": {"pairs_per_s": 30.0},
             "fastembed": {"pairs_per_s": 12.0}, "flashrank": {"pairs_per_s": 16.0}}

@@ -3,7 +3,8 @@ at its default and at the fastest configuration its own documentation offers.
 
 Every system scores the same (query, document) pairs with the same checkpoint on the same number of
 threads: short pairs (TREC DL20 BM25 passages, ~80 tokens) and long pairs (QMSum val chunks cut to
-512 tokens). Rounds are interleaved (every system once per round, in turn, with a pause between systems
+512 tokens). Rounds are interleaved (every system once per round, in turn, the order reversed every
+other round, with a pause between systems
 so the previous one's spinning threads are idle), the median round is reported as pairs/s with the
 ratio to keyrank in-process and to the fastest peer, and the long pairs also as a share of the same
 run's matrix-multiply peak (13.3 GFLOP per 512-token MiniLM-L6 pair). Each system's scores are
@@ -37,6 +38,13 @@ AGREEMENT_MIN = 0.99
 SETTLE_S = 0.5
 """Pause between two systems in a round: PyTorch's OpenMP and ONNX Runtime's pools spin for a while
 after a run, and would take the cores from the next system."""
+
+
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """The systems of one round: in turn, reversed every other round (A B C, C B A, ...). A system's place
+    in the round moves its time by a few percent on a shared 2-core VM (the same OpenVINO model measured
+    twice in one round, always in the same order: 1.04x between the two), so no system keeps the better place."""
+    return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
 # --- workloads and the peak -----------------------------------------------------------------
@@ -199,9 +207,10 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         seconds = {w: {name: [] for name in systems} for w in loads}
         scores: dict[str, dict[str, list[np.ndarray]]] = {w: {} for w in loads}
         peak = matmul_peak(threads)
-        for _ in range(rounds):
+        for r in range(rounds):
             for workload, groups in loads.items():
-                for name, score in systems.items():
+                for name in round_order(list(systems), r):
+                    score = systems[name]
                     time.sleep(settle_s)
                     started = time.perf_counter()
                     scores[workload][name] = score(groups)

@@ -6,7 +6,7 @@ maxp (every window), in-process (``Reranker.local``) and through the embedded CP
 do-it-yourself baseline is what a user writes with the fastest peer of `keyrank bench --peers`:
 sentence-transformers' ``CrossEncoder(backend="openvino")`` over 512-token windows (half-window
 stride), a document's score its best window's (``bench/diy.py``). Same checkpoint, same threads, the
-document cache off (nothing is seen before); rounds interleaved, every system once per round, the
+document cache off (nothing is seen before); rounds interleaved, every system once per round (the order reversed every other round), the
 median round's queries/s reported with the ratio to the DIY baseline, and keyrank's per-stage times
 (tokenize/segment, select, infer, aggregate) as the profile.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyrank.bench.peers import SETTLE_S
+from keyrank.bench.peers import SETTLE_S, round_order
 
 KEYRANK = (("keyb2", "bm25"), ("maxp", None))
 """keyrank's strategies in the comparison: the default (keyb2 with BM25) and the one the DIY baseline re-implements."""
@@ -176,8 +176,9 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
             rank(load[0][0], load[0][1][:4])  # warm-up: first shapes, lazy loads
         seconds = {name: [] for name in systems}
         stages: dict[str, list[dict]] = {name: [] for name in systems}
-        for _ in range(rounds):
-            for name, rank in systems.items():
+        for r in range(rounds):
+            for name in round_order(list(systems), r):
+                rank = systems[name]
                 time.sleep(settle_s)
                 started = time.perf_counter()
                 for query, docs in load:
