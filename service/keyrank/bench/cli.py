@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--query: the systems whose nDCG@10 is measured (maxp costs as much as the DIY baseline)")
     parser.add_argument("--strategies", nargs="+", default=["keyb2-bm25", "maxp"], metavar="SYSTEM",
                         help="--query: keyrank's rows, a strategy or a selecting one with its selector (keyb2-bm25, maxp, cedr-knrm)")
+    parser.add_argument("--paths", nargs="+", default=["local", "triton"], choices=("local", "triton"),
+                        help="--query: how keyrank's rows score: in-process (local) and/or through the embedded CPU Triton "
+                             "(triton, which needs the 'embedded' extra)")
     parser.add_argument("--no-diy", action="store_true",
                         help="--query: keyrank's rows only, without the do-it-yourself baseline (which needs the 'peers' extra)")
     parser.add_argument("--encoder-only", action="store_true",
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                                  candidates=_or(args.docs, 20, 100), requests=args.requests or 2,
                                  quality_queries=None if args.quality_queries < 0 else args.quality_queries,
                                  quality_systems=args.quality_systems, diy=not args.no_diy,
-                                 strategies=mode_module.parse_systems(args.strategies))
+                                 strategies=mode_module.parse_systems(args.strategies), paths=tuple(args.paths))
     elif args.peers:
         from keyrank.bench import peers as mode_module
         from keyrank.bench.peer_systems import peer_pythons, select
