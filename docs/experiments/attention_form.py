@@ -18,6 +18,15 @@ import openvino as ov
 from openvino import opset13 as ops
 
 
+def _split(node, kind):
+    """``node``'s two inputs, the one a ``kind`` node produces first; (None, None) when neither is."""
+    a, b = (node.input(i).get_source_output() for i in range(2))
+    for first, second in ((a, b), (b, a)):
+        if first.get_node().get_type_name() == kind:
+            return first, second
+    return None, None
+
+
 def fuse_attention(model):
     """MatMul(Q, K^T) * s + mask -> Softmax -> MatMul(., V) as one ScaledDotProductAttention."""
     fused = 0
@@ -27,18 +36,13 @@ def fuse_attention(model):
         add = sm.input(0).get_source_output().get_node()
         if add.get_type_name() != "Add":
             continue
-        mul, mask = (add.input(i).get_source_output() for i in range(2))
-        if mul.get_node().get_type_name() != "Multiply":
-            mul, mask = mask, mul
-        mul = mul.get_node()
-        if mul.get_type_name() != "Multiply":
+        mul, mask = _split(add, "Multiply")
+        if mul is None:
             continue
-        qk, scale = (mul.input(i).get_source_output() for i in range(2))
-        if qk.get_node().get_type_name() != "MatMul":
-            qk, scale = scale, qk
+        qk, scale = _split(mul.get_node(), "MatMul")
+        if qk is None or scale.get_node().get_type_name() != "Constant" or scale.get_shape() not in ([], [1]):
+            continue
         qk = qk.get_node()
-        if qk.get_type_name() != "MatMul" or scale.get_node().get_type_name() != "Constant" or scale.get_shape() not in ([], [1]):
-            continue
         attrs = qk.get_attributes()
         if attrs.get("transpose_a") or attrs.get("transpose_b"):
             continue
