@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keyrank.segment import FORCED_COST, Spans, best_windows, blocks, break_costs, token_break_costs, windows
+from keyrank.segment import FORCED_COST, Spans, best_pieces, blocks, break_costs, token_break_costs, windows
 from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
 
@@ -110,17 +110,17 @@ def test_past_the_cap_the_best_scored_windows_are_kept_in_document_order():
     spans = windows(2_000, 256, 128, max_windows=10_000)
     scores = np.zeros(len(spans))
     scores[[9, 2, 5]] = [3.0, 2.0, 1.0]
-    kept = best_windows(spans, scores, 2)
+    kept = best_pieces(spans, scores, 2)
     assert kept.starts.tolist() == [spans.starts[2], spans.starts[9]] and kept.truncated
     assert kept.ends.tolist() == [spans.ends[2], spans.ends[9]]
-    assert best_windows(spans, np.zeros(len(spans)), 3).starts.tolist() == spans.starts[:3].tolist()  # ties: the earlier
+    assert best_pieces(spans, np.zeros(len(spans)), 3).starts.tolist() == spans.starts[:3].tolist()  # ties: the earlier
 
 
 def test_no_more_windows_than_the_cap_are_kept_as_they_are():
     spans = windows(600, 256, 128, max_windows=10_000)
-    assert best_windows(spans, np.arange(len(spans)), len(spans)) is spans and not spans.truncated
+    assert best_pieces(spans, np.arange(len(spans)), len(spans)) is spans and not spans.truncated
     empty = Spans(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
-    assert best_windows(empty, np.zeros(1), 1) is empty
+    assert best_pieces(empty, np.zeros(1), 1) is empty
 
 
 def test_empty_document_still_gets_one_window():

@@ -132,6 +132,26 @@ def test_keyb2_reads_the_selected_blocks_in_one_sequence(counting):
     assert any(doc[e.start : e.end].startswith(MARKER) for e in evidence)
 
 
+def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_parade_max(counting):
+    # Three sentences carry the query's words (BM25's best blocks), two of them markers: read together (keyb2)
+    # the markers add up; read alone, each block is its own short sequence and PARADE-max keeps the largest.
+    doc = " ".join(["cats sleep all day long in warm sun."] * 6 + [f"{MARKER} where is the mill?"]
+                   + ["dogs bark at night near the gate."] * 4 + [f"{MARKER} {MARKER} {MARKER} the mill is here."]
+                   + ["cats sleep all day long in warm sun."] * 3 + ["the mill by the river."])
+    together, _ = _score(counting, "keyb2", doc)
+    assert together == 4
+    score, lengths = _score(counting, "keyb2-blocks", doc)
+    counts = _marker_counts(counting)
+    blocks = len(counting.pipeline.cut("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])
+    assert len(lengths) == min(8, blocks) and max(lengths) <= 8 + 3 + 12  # query + frame + one block
+    assert sorted(counts)[-2:] == [1, 3] and score == 3
+    one = _counting_with(counting, keyb2_blocks=1)
+    score_one, lengths_one = _score(one, "keyb2-blocks", doc)
+    assert len(lengths_one) == 1 and score_one == 1  # BM25's best block: the one with the most query words
+    evidence = counting.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
+    assert [doc[e.start : e.end].split()[:3] for e in evidence] == [[MARKER] * 3]  # the block the max came from
+
+
 def _counting_with(counting, **overrides) -> Reranker:
     """The counting reranker under other settings (same marker scorer and head)."""
     other = Reranker(counting.settings.with_overrides(**overrides), scorer=MarkerCounter(counting.scorer.marker_id))
@@ -176,6 +196,7 @@ PINNED = {
     "parade-transformer": ("sliding", "trained"),
     "keyb2-parade-max": ("blocks", "parade-max"),
     "keyb2-parade-avg": ("blocks", "parade-avg"),
+    "keyb2-blocks": ("key-blocks", "parade-max"),
     "longp": ("whole", "single"),
     "cedr-knrm": ("disjoint", "trained"),
     "cedr-drmm": ("disjoint", "trained"),
@@ -188,7 +209,7 @@ PINNED = {
 def test_registry_rows_match_the_behaviour_pinned_above(name):
     spec = REGISTRY[name]
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
-    assert spec.needs_pooled == ("parade" in name or spec.features is not None)
+    assert spec.needs_pooled == ("parade" in name or name == "keyb2-blocks" or spec.features is not None)
     # The interaction strategies are scored by their own graph, which training writes beside their head.
     assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"))
     assert spec.features is None or spec.features in spec.trained_parts

@@ -45,6 +45,8 @@ def test_windows_strategies_are_tried_with_each_window_variant():
                                          "parade-avg max_windows_per_doc=3"]
     assert systems[1].env() == {"KEYRANK_DEFAULT_STRATEGY": "maxp", "KEYRANK_MAX_WINDOWS_PER_DOC": "3"}
     assert tune.parser().parse_args(["--qrels", "q", "--docs", "d", "--queries", "t"]).windows == list(tune.WINDOW_VARIANTS)
+    blocks = tune.candidates(["keyb2-blocks"], ["bm25", "dense"], ["", "keyb2_budget=fill"], [""])
+    assert [c.name for c in blocks] == ["keyb2-blocks-bm25", "keyb2-blocks-dense"]  # keyb2's variants do not apply
     with pytest.raises(SystemExit, match="--windows 'max_window=3'"):
         tune.candidates(["maxp"], ["bm25"], [""], ["max_window=3"])
 

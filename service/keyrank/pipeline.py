@@ -37,7 +37,7 @@ from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import ModelAssetsMissing
 from keyrank.resolved import RerankOptions, Resolved, check_defaults, resolve
 from keyrank.scoring import ModelInputs
-from keyrank.segment import Spans, best_windows, blocks, per_document, token_break_costs
+from keyrank.segment import Spans, best_pieces, blocks, per_document, token_break_costs
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select import BlockSelector, SelectorContext
 from keyrank.select.bm25 import term_mask
@@ -249,9 +249,9 @@ class Pipeline:
         with timer.stage("segment"):
             pieces = self.segment(docs, resolved, budget)
         if picker := resolved.spec.cut.capped(pieces, resolved.settings, resolved.max_windows):
-            with timer.stage("select"):  # past the cap, the best windows by BM25 (segment.best_windows)
+            with timer.stage("select"):  # past the cap, the best windows by BM25 (segment.best_pieces)
                 window_scores = self.selector(picker).score(query, query_enc, docs, pieces)
-                pieces = [best_windows(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, window_scores)]
+                pieces = [best_pieces(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, window_scores)]
         scores: list[np.ndarray] = []
         selector_inputs = ModelInputs([], [])
         if selector is not None:

@@ -8,7 +8,7 @@ Two cuts:
   needlessly short blocks. Dynamic programming finds the cheapest cut.
 - ``windows``: sliding windows (MaxP/SumP/PARADE) or disjoint chunks (AvgP); past the
   per-document cap, either the first ones (``windows``) or the best-scored ones
-  (``best_windows``, given a score per window: BM25's, chosen in pipeline.py).
+  (``best_pieces``, given a score per window: BM25's, chosen in pipeline.py).
 
 Pieces are ``Spans`` (token [start, end) arrays): views, never copies of text.
 """
@@ -141,10 +141,15 @@ def windows(n_tokens: int, size: int, stride: int, max_windows: int) -> Spans:
     return Spans(starts, np.minimum(starts + size, n_tokens), truncated=truncated)
 
 
-def best_windows(spans: Spans, scores: np.ndarray, max_windows: int) -> Spans:
-    """The ``max_windows`` best-scored of ``spans`` (ties: the earlier), in document order; ``spans`` as they
-    are when no more than that. The cut is reported (``truncated``), as ``windows``' is."""
-    if len(spans) <= max_windows:
+def best_indices(scores: np.ndarray, most: int) -> np.ndarray:
+    """int64 indices of the ``most`` highest ``scores`` (ties: the earlier), in increasing order."""
+    return np.sort(np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:most])
+
+
+def best_pieces(spans: Spans, scores: np.ndarray, most: int) -> Spans:
+    """The ``most`` best-scored of ``spans`` (windows or blocks; ties: the earlier), in document order; ``spans``
+    as they are when no more than that. The cut is reported (``truncated``), as ``windows``' is."""
+    if len(spans) <= most:
         return spans
-    keep = np.sort(np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")[:max_windows])
+    keep = best_indices(scores, most)
     return Spans(spans.starts[keep], spans.ends[keep], truncated=True)

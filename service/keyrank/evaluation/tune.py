@@ -87,8 +87,9 @@ def candidates(strategies: Sequence[str], selectors: Sequence[str], variants: Se
     ``window_variants`` entry."""
     out = []
     for strategy in strategies:
-        if REGISTRY[strategy].needs_selector:
-            out += [Candidate(strategy, s, parse_variant(v, "--keyb2")) for s in selectors for v in variants]
+        if REGISTRY[strategy].needs_selector:  # the keyb2 variants shape keyb2's reading; keyb2-blocks reads blocks alone
+            tried = variants if REGISTRY[strategy].cut.name == "blocks" else [""]
+            out += [Candidate(strategy, s, parse_variant(v, "--keyb2")) for s in selectors for v in tried]
         elif REGISTRY[strategy].windowed:
             out += [Candidate(strategy, None, parse_variant(v, "--windows")) for v in window_variants]
         else:

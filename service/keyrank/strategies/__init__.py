@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keyrank.strategies.passage import Passage
-from keyrank.strategies.cuts import BLOCKS, DISJOINT, PREFIX, SLIDING, WHOLE, DocumentCut
+from keyrank.strategies.cuts import BLOCKS, DISJOINT, KEY_BLOCKS, PREFIX, SLIDING, WHOLE, DocumentCut
 
 __all__ = ["REGISTRY", "STRATEGIES", "Passage", "StrategySpec", "get_spec", "markdown_table"]
 
@@ -30,6 +30,7 @@ class StrategySpec:
     cut: DocumentCut
     """How the document is read (cuts.py): ``prefix``: the first tokens; ``sliding``: overlapping windows
     (stride = half by default); ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2);
+    ``key-blocks``: the best selected blocks, each its own input (keyb2-blocks);
     ``whole``: the whole document in one input, up to the model's own length (longp)."""
     aggregation: str
     """How sequence scores become a document score (aggregate.py ``METHODS``)."""
@@ -102,6 +103,9 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2-parade-avg", BLOCKS, "parade-avg", needs_pooled=True, least_passes=2,
                      summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
                              "pooled vector"),
+        StrategySpec("keyb2-blocks", KEY_BLOCKS, "parade-max", needs_pooled=True,
+                     summary="the selector's best `keyb2_blocks` blocks (8), each alone with the query (short sequences); "
+                             "classifier head on the element-wise max of their pooled vectors"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),

@@ -32,7 +32,7 @@ import numpy as np
 
 from keyrank.segment import Spans, blocks, windows
 from keyrank.strategies.firstp import first_passage
-from keyrank.strategies.keyb2 import keyb2_passages
+from keyrank.strategies.keyb2 import key_block_passages, keyb2_passages
 from keyrank.strategies.passage import Passage
 from keyrank.strategies.windows import window_passages
 from keyrank.tokenize import Encoded
@@ -62,7 +62,7 @@ class CutContext:
 
 
 class DocumentCut(ABC):
-    """One way of reading a document; the subclasses below are the five the strategies use."""
+    """One way of reading a document; the subclasses below are the six the strategies use."""
 
     name: str = ""
     """The registry's and the README's name for it."""
@@ -97,7 +97,7 @@ class DocumentCut(ABC):
 
     def capped(self, pieces: list[Spans], settings: Any, max_windows: int) -> str | None:
         """The selector that picks which of ``pieces`` a document keeps when it has more than ``max_windows``
-        (the pipeline scores them with it and keeps the best, ``segment.best_windows``); None: nothing to pick."""
+        (the pipeline scores them with it and keeps the best, ``segment.best_pieces``); None: nothing to pick."""
         return None
 
     def max_length(self, settings: Any) -> int:
@@ -204,6 +204,28 @@ class BlockCut(DocumentCut):
         return settings
 
 
+class KeyBlocksCut(BlockCut):
+    """keyb2-blocks: the selector's best ``keyb2_blocks`` blocks, each alone with the query (one short input each)."""
+
+    name = "key-blocks"
+
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+        return key_block_passages(pieces, block_scores, settings.keyb2_blocks)
+
+    def sequences(self, tokens, window, plan):
+        """A block read alone is charged its share of a full input: (block + query + frame) / ``window``, for
+        each of the ``keyb2_blocks`` a document has, plus the selector's own work on every block."""
+        s = plan.settings
+        blocks = np.maximum(1, np.ceil(tokens / s.block_max_tokens))
+        share = min(1.0, (s.block_max_tokens + s.query_max_tokens + 3) / max(window, 1))
+        per_block = plan.selector.sequences_per_block if plan.selector else 0.0
+        return float(np.sum(np.minimum(blocks, s.keyb2_blocks)) * share + per_block * np.sum(blocks))
+
+    def evidence(self, passages, best):
+        """The block the fold rests on most: each document's best-scored one."""
+        return DocumentCut.evidence(self, passages, best)
+
+
 class WholeCut(PrefixCut):
     """LongP: the whole document in one input, up to the model's own length (``longp_max_length`` caps it).
 
@@ -234,5 +256,5 @@ class WholeCut(PrefixCut):
                 f"parade-* or keyb2")
 
 
-PREFIX, SLIDING, DISJOINT, BLOCKS, WHOLE = PrefixCut(), SlidingCut(), DisjointCut(), BlockCut(), WholeCut()
+PREFIX, SLIDING, DISJOINT, BLOCKS, KEY_BLOCKS, WHOLE = PrefixCut(), SlidingCut(), DisjointCut(), BlockCut(), KeyBlocksCut(), WholeCut()
 """The cuts the registry's rows name (one instance each: rows compare them by identity)."""

@@ -22,6 +22,10 @@ The budget itself is the caller's choice (``keyb2_budget``): the paper's fixed
 ``keyb2_passes`` reads a document in up to 3 model inputs: the
 next-best blocks fill each further one, and the document scores as its best
 pass (``aggregate``'s ``max``; with one pass that is its only score).
+
+``keyb2-blocks`` reads the same selection differently (``key_block_passages``): the
+``keyb2_blocks`` best blocks each alone with the query, short sequences whose pooled
+vectors PARADE's max folds into one (docs/EXPERIMENTS.md, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from keyrank.segment import Spans
+from keyrank.segment import Spans, best_indices
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
 from keyrank.select.shared import shared_blocks
@@ -122,6 +126,16 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     if order != "document":
         raise ValueError(f"unknown keyb2 block order {order!r}; expected one of {', '.join(BLOCK_ORDERS)}")
     return passages
+
+
+def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int) -> list[Passage]:
+    """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), each alone as its
+    own passage, in document order; a document without blocks reads one empty passage (the query alone)."""
+    out: list[Passage] = []
+    for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
+        out += [Passage(doc, blocks.starts[i : i + 1], blocks.ends[i : i + 1], np.array([i], dtype=np.int64))
+                for i in best_indices(scores, most).tolist()] or [_empty(doc)]
+    return out
 
 
 def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids: np.ndarray | None,
