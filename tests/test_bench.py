@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import re
 
 import numpy as np
@@ -100,6 +101,22 @@ def test_query_bench_quality_is_ndcg_at_10_of_the_eval_queries(monkeypatch):
     rows = query.quality({"oracle": lambda _q, docs: (np.array([t == "b" for t in docs], float), {}),
                           "worst": lambda _q, docs: (np.array([t != "b" for t in docs], float), {})}, DATASETS, None)
     assert rows["oracle"]["ndcg@10"] == 1.0 and rows["worst"]["ndcg@10"] == pytest.approx(0.5)
+
+
+def test_query_bench_measures_the_quality_of_the_rows_named_and_refuses_one_not_measured(monkeypatch):
+    from keyrank.bench import query
+
+    monkeypatch.setattr(query, "keyrank_systems", lambda *a, **k: {
+        "keyrank in-process, keyb2-blocks-bm25": lambda _q, docs: (np.zeros(len(docs)), {})})
+    monkeypatch.setattr(query, "quality", lambda systems, *a, **k: {name: {"ndcg@10": 0.5, "queries": 1, "seconds": 0.0, "per_query": {}}
+                                                                      for name in systems})
+    monkeypatch.setattr("keyrank.bench.workloads.candidate_documents", lambda *a, **k: (["x"] * 4, ["q"]))
+    result = query.run(Path("models"), DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
+                       quality_systems=["keyb2-blocks-bm25"], strategies=query.parse_systems(["keyb2-blocks-bm25"]))
+    assert set(result["quality"]) == {"keyrank in-process, keyb2-blocks-bm25"}
+    with pytest.raises(SystemExit, match="--quality-systems maxp"):
+        query.run(Path("models"), DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
+                  quality_systems=["maxp"], strategies=query.parse_systems(["keyb2-blocks-bm25"]))
 
 
 def test_query_bench_takes_any_registry_strategy_and_a_selecting_one_with_its_selector():

@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--peers: the systems to measure, by key or glob (keyrank-local is always measured)")
     parser.add_argument("--quality-queries", type=int, default=-1,
                         help="--query: QMSum val queries for nDCG@10 (-1 = all 237, 0 = speed only)")
-    parser.add_argument("--quality-systems", nargs="+", default=["keyb2", "diy"], choices=("keyb2", "maxp", "diy"),
-                        help="--query: the systems whose nDCG@10 is measured (maxp costs as much as the DIY baseline)")
+    parser.add_argument("--quality-systems", nargs="+", default=["keyb2-bm25", "diy"], metavar="SYSTEM",
+                        help="--query: the systems whose nDCG@10 is measured: diy, or keyrank's in-process rows by their "
+                             "--strategies names (maxp costs as much as the DIY baseline)")
     parser.add_argument("--strategies", nargs="+", default=["keyb2-bm25", "maxp"], metavar="SYSTEM",
                         help="--query: keyrank's rows, a strategy or a selecting one with its selector (keyb2-bm25, maxp, cedr-knrm)")
     parser.add_argument("--paths", nargs="+", default=["local", "triton"], choices=("local", "triton"),

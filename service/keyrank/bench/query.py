@@ -155,7 +155,7 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         strategies: Sequence[tuple[str, str | None]] = KEYRANK) -> dict:
     """Speed (interleaved rounds of ``requests`` queries of ``candidates`` ~2k-token documents) and, unless
     ``quality_queries`` is 0, nDCG@10 on QMSum val of keyrank keyb2 in-process and the DIY baseline
-    (``quality_systems``: keyb2, maxp, diy). ``rounds`` 0: the quality alone (a separate, long run). ``diy``
+    (``quality_systems``: ``diy`` or keyrank's in-process rows by the ``strategies`` names, e.g. keyb2-bm25, maxp). ``rounds`` 0: the quality alone (a separate, long run). ``diy``
     False: keyrank's rows only (no sentence-transformers needed; no ratio to the DIY). ``strategies``: keyrank's
     rows, (strategy, selector) pairs (``parse_systems``)."""
     from keyrank.bench.workloads import candidate_documents
@@ -188,8 +188,13 @@ def run(model_dir: Path, datasets: Path, checkpoint: Path, *, threads: int = 2, 
         quality_rows = {}
         if quality_queries != 0:
             local = "in-process"
-            wanted = {"keyb2": _name(local, "keyb2", "bm25"), "maxp": _name(local, "maxp", None), "diy": DIY}
-            chosen = {wanted[s]: systems[wanted[s]] for s in quality_systems if wanted.get(s) in systems}
+            wanted = {s: DIY if s == "diy" else _name(local, *parse_systems([s])[0])
+                      for s in quality_systems}
+            missing = [s for s, name in wanted.items() if name not in systems]
+            if missing:
+                raise SystemExit(f"--quality-systems {' '.join(missing)}: not among the rows measured (give them to "
+                                 f"--strategies, or drop --no-diy)")
+            chosen = {name: systems[name] for name in wanted.values()}
             quality_rows = quality(chosen, datasets, tokenizer, max_queries=quality_queries,
                                    progress=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
