@@ -103,7 +103,7 @@ def test_query_bench_quality_is_ndcg_at_10_of_the_eval_queries(monkeypatch):
     assert rows["oracle"]["ndcg@10"] == 1.0 and rows["worst"]["ndcg@10"] == pytest.approx(0.5)
 
 
-def test_query_bench_measures_the_quality_of_the_rows_named_and_refuses_one_not_measured(monkeypatch):
+def test_query_bench_measures_the_quality_of_the_rows_named_and_refuses_one_not_measured(prepared_models, monkeypatch):
     from keyrank.bench import query
 
     monkeypatch.setattr(query, "keyrank_systems", lambda *a, **k: {
@@ -111,11 +111,11 @@ def test_query_bench_measures_the_quality_of_the_rows_named_and_refuses_one_not_
     monkeypatch.setattr(query, "quality", lambda systems, *a, **k: {name: {"ndcg@10": 0.5, "queries": 1, "seconds": 0.0, "per_query": {}}
                                                                       for name in systems})
     monkeypatch.setattr("keyrank.bench.workloads.candidate_documents", lambda *a, **k: (["x"] * 4, ["q"]))
-    result = query.run(Path("models"), DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
+    result = query.run(prepared_models, DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
                        quality_systems=["keyb2-blocks-bm25"], strategies=query.parse_systems(["keyb2-blocks-bm25"]))
     assert set(result["quality"]) == {"keyrank in-process, keyb2-blocks-bm25"}
     with pytest.raises(SystemExit, match="--quality-systems maxp"):
-        query.run(Path("models"), DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
+        query.run(prepared_models, DATASETS, Path("ckpt"), rounds=0, candidates=2, requests=1, diy=False,
                   quality_systems=["maxp"], strategies=query.parse_systems(["keyb2-blocks-bm25"]))
 
 
