@@ -34,6 +34,7 @@ from keyrank.evaluation.compare import paired_difference
 from keyrank.evaluation.memo import MemoScorer
 from keyrank.evaluation.runner import System, run_system
 from keyrank.strategies import REGISTRY
+from keyrank.strategies.cuts import BLOCKS
 
 MEASURE = "nDCG@10"
 KEYB2_VARIANTS = ("", "keyb2_min_score_share=0", "keyb2_budget=fill", "keyb2_passes=2")
@@ -88,7 +89,7 @@ def candidates(strategies: Sequence[str], selectors: Sequence[str], variants: Se
     out = []
     for strategy in strategies:
         if REGISTRY[strategy].needs_selector:  # the keyb2 variants shape keyb2's reading; keyb2-blocks reads blocks alone
-            tried = variants if REGISTRY[strategy].cut.name == "blocks" else [""]
+            tried = variants if REGISTRY[strategy].cut is BLOCKS else [""]
             out += [Candidate(strategy, s, parse_variant(v, "--keyb2")) for s in selectors for v in tried]
         elif REGISTRY[strategy].windowed:
             out += [Candidate(strategy, None, parse_variant(v, "--windows")) for v in window_variants]

@@ -189,12 +189,15 @@ class BlockCut(DocumentCut):
         return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector.name if selector else None)
 
     def sequences(self, tokens, window, plan):
-        """One reading per document, up to ``keyb2_passes`` while the text lasts, plus the selector's own work
-        on every block (its row's ``sequences_per_block``)."""
-        s = plan.settings
+        """One reading per document, up to ``keyb2_passes`` while the text lasts, plus the selector's work."""
+        reads = np.minimum(plan.settings.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
+        return float(np.sum(reads)) + self.selector_work(tokens, plan)
+
+    @staticmethod
+    def selector_work(tokens: np.ndarray, plan: Resolved) -> float:
+        """The selector's own work on every block, in model inputs (its row's ``sequences_per_block``)."""
         per_block = plan.selector.sequences_per_block if plan.selector else 0.0
-        reads = np.minimum(s.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
-        return float(np.sum(reads) + per_block * np.sum(np.ceil(tokens / s.block_max_tokens)))
+        return float(per_block * np.sum(np.ceil(tokens / plan.settings.block_max_tokens)))
 
     def evidence(self, passages, best):
         """Every passage: each selected block is evidence, whichever pass scored best."""
@@ -218,8 +221,7 @@ class KeyBlocksCut(BlockCut):
         s = plan.settings
         blocks = np.maximum(1, np.ceil(tokens / s.block_max_tokens))
         share = min(1.0, (s.block_max_tokens + s.query_max_tokens + 3) / max(window, 1))
-        per_block = plan.selector.sequences_per_block if plan.selector else 0.0
-        return float(np.sum(np.minimum(blocks, s.keyb2_blocks)) * share + per_block * np.sum(blocks))
+        return float(np.sum(np.minimum(blocks, s.keyb2_blocks)) * share) + self.selector_work(tokens, plan)
 
     def evidence(self, passages, best):
         """The block the fold rests on most: each document's best-scored one."""

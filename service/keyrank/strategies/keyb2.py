@@ -42,6 +42,7 @@ from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
 from keyrank.select.shared import shared_blocks
 from keyrank.strategies.passage import Passage
+from keyrank.strategies.windows import window_passages
 from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")
@@ -131,11 +132,8 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
 def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int) -> list[Passage]:
     """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), each alone as its
     own passage, in document order; a document without blocks reads one empty passage (the query alone)."""
-    out: list[Passage] = []
-    for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
-        out += [Passage(doc, blocks.starts[i : i + 1], blocks.ends[i : i + 1], np.array([i], dtype=np.int64))
-                for i in best_indices(scores, most).tolist()] or [_empty(doc)]
-    return out
+    return [p for doc, (blocks, scores) in enumerate(zip(pieces, block_scores))
+            for p in window_passages(doc, blocks, best_indices(scores, most).tolist()) or [_empty(doc)]]
 
 
 def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids: np.ndarray | None,
