@@ -119,7 +119,7 @@ class RecordingScorer:
 
 @pytest.mark.parametrize("strategy,selector,overrides", [
     ("keyb2", "bm25", {}), ("keyb2", "bm25", {"keyb2_passes": 2, "keyb2_min_score_share": 0}),
-    ("maxp", None, {}), ("firstp", None, {}),
+    ("maxp", None, {}), ("firstp", None, {}), ("keyb2-blocks", "bm25", {}),
 ])
 def test_training_inputs_are_the_served_inputs(trained, toy, strategy, selector, overrides):
     from keyrank.reranker import Reranker
@@ -170,6 +170,43 @@ def test_training_folds_window_scores_like_the_served_aggregation(method):
     # MaxP trains only each document's best window (RankLLaMA-MaxP); the others get no gradient.
     best = aggregate(method, doc_of, logits.detach().numpy()).best
     assert set(np.flatnonzero(logits.grad.numpy())) == set(best.tolist())
+
+
+@pytest.mark.parametrize("method", ["parade-max", "parade-avg"])
+def test_training_folds_pooled_vectors_through_the_models_head_like_the_gateway(method):
+    from keyrank.aggregate import ClassifierHead, aggregate
+    from keyrank.training.model import fold
+
+    rng = np.random.default_rng(1)
+    doc_of = np.array([0, 0, 0, 1, 2, 2])
+    pooled = torch.tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    head = torch.nn.Linear(4, 1).double()
+    scores = fold(method, None, pooled, doc_of, 3, head=lambda v: head(v)[:, -1])
+    served = ClassifierHead(head.weight.detach().numpy(), head.bias.detach().numpy())
+    expected = aggregate(method, doc_of, np.zeros(6), pooled.detach().numpy(), head=served).scores
+    np.testing.assert_allclose(scores.detach().numpy(), expected, rtol=1e-12)
+    scores.sum().backward()
+    assert head.weight.grad is not None and head.weight.grad.abs().sum() > 0  # the head trains with the encoder
+    touched = pooled.grad.numpy() != 0
+    if method == "parade-max":  # only each document's largest value of each dimension is read
+        assert touched.sum() == 3 * 4
+    else:
+        assert touched.all()
+
+
+def test_keyb2_blocks_trains_its_scorer_through_its_blocks_and_head(toy):
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+
+    result = finetune(model=str(toy["model"]), out=toy["root"] / "blocks", strategy="keyb2-blocks", selector="bm25",
+                      trec=TrecFiles(*toy["trec"]), max_queries=4, epochs=1, lr=5e-3, groups_per_step=2,
+                      sequences_per_forward=16, seed=0, progress=False, threads=2, dev_max_queries=None)
+    assert result.model_dir is not None and result.history and result.history[0]["steps"] > 0
+    from safetensors.numpy import load_file
+
+    start, tuned = (load_file(next(Path(d).glob("*.safetensors"))) for d in (toy["model"], result.model_dir))
+    head = [k for k in start if k.startswith("classifier.")]
+    assert head and any(not np.allclose(start[k], tuned[k]) for k in head)
 
 
 def test_losses_prefer_the_relevant_document_first():

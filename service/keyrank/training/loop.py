@@ -160,7 +160,8 @@ class TrainingRun:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
                 relevance, pooled = self.encoder(Batch.of(inputs, self.pad_id, self.device))
             relevance, pooled = relevance.float(), pooled.float()
-        return fold(self.spec.aggregation, relevance, pooled, doc_of, offset, self.aggregator)
+        head = getattr(self.encoder, "head", None)
+        return fold(self.spec.aggregation, relevance, pooled, doc_of, offset, self.aggregator, head)
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.encoder, self.aggregator) if m is not None]

@@ -4,8 +4,8 @@ The forward that training differentiates is the export's own module
 (``LogitsAndPooled``: the HF model, its logits and the vector its final Linear
 reads; ``YesNoLastToken`` for decoder rerankers), so what is trained is what
 the ONNX graph computes. Document scores per strategy: one sequence (firstp,
-keyb2), the max over windows (maxp), or a PARADE aggregator over the windows'
-pooled vectors.
+keyb2), the max over windows (maxp), PARADE-max over the pooled vectors through the
+model's own head (keyb2-blocks), or a PARADE aggregator over the windows' pooled vectors.
 """
 
 from __future__ import annotations
@@ -90,14 +90,22 @@ class CrossEncoder(torch.nn.Module):
         self.template = template
         if decoder:
             self.wrapper = yes_no(self.hf, *template.yes_no)
+            self._head = lambda pooled: pooled @ self.wrapper.direction.T
         else:
             batch = Batch.of(probe, template.pad_id)
             _, head = final_linear(self.hf, (batch.input_ids, batch.attention_mask, batch.token_type_ids))
             self.wrapper = logits_and_pooled(self.hf, head)
+            self._head = head
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         logits, pooled = self.wrapper(batch.input_ids, batch.attention_mask, batch.token_type_ids)
         return logits.reshape(logits.shape[0], -1)[:, -1], pooled
+
+    def head(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The relevance logit of pooled vectors [N, H] -> [N]: the model's own final Linear (trained with it),
+        which PARADE-max/-avg apply to the folded vectors as the gateway applies ``classifier_head.npz``."""
+        out = self._head(pooled)
+        return out.reshape(out.shape[0], -1)[:, -1]
 
     def save(self, folder: Path) -> None:
         """A checkpoint folder ``keyrank prepare --model`` reads: weights (fp32), config, tokenizer."""
@@ -112,8 +120,9 @@ class CrossEncoder(torch.nn.Module):
 
 
 def fold(method: str, relevance: torch.Tensor, pooled: torch.Tensor | None, doc_of: np.ndarray, n_docs: int,
-         aggregator: torch.nn.Module | None = None) -> torch.Tensor:
-    """Document scores [n_docs] from sequence scores, as serving aggregates them (aggregate.py)."""
+         aggregator: torch.nn.Module | None = None, head=None) -> torch.Tensor:
+    """Document scores [n_docs] from sequence scores, as serving aggregates them (aggregate.py): PARADE-max/-avg
+    fold the pooled vectors and apply ``head`` (the encoder's own final Linear, so it trains too)."""
     if method == "single":
         if relevance.shape[0] != n_docs:
             raise ValueError("'single' needs one sequence per document")
@@ -125,6 +134,15 @@ def fold(method: str, relevance: torch.Tensor, pooled: torch.Tensor | None, doc_
     if method == "trained":
         padded, mask = pad_pooled(pooled, doc_of, n_docs)
         return aggregator(padded, mask)
+    if method in ("parade-max", "parade-avg"):
+        if pooled is None or head is None:
+            raise ValueError(f"{method} needs the pooled vectors and the classifier head")
+        index = torch.as_tensor(doc_of, device=pooled.device)[:, None].expand_as(pooled)
+        init = torch.full((n_docs, pooled.shape[1]), float("-inf") if method == "parade-max" else 0.0,
+                          device=pooled.device, dtype=pooled.dtype)
+        folded = init.scatter_reduce(0, index, pooled, reduce="amax" if method == "parade-max" else "mean",
+                                     include_self=method == "parade-max")
+        return head(folded)
     raise ValueError(f"training has no aggregation {method!r}")
 
 

@@ -32,7 +32,7 @@ class FinetuneConfig:
     out: Path
     """Run folder: model/ (the fine-tuned checkpoint), base/, cache/, state/, training.json."""
     strategy: str = "keyb2"
-    """What is trained: keyb2, maxp, firstp (the scorer) or parade-attn, parade-transformer (the aggregator)."""
+    """What is trained: keyb2, keyb2-blocks, maxp, firstp (the scorer) or parade-attn, parade-transformer (the aggregator)."""
     selector: str | None = "bm25"
     """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
     tasks: tuple[str, ...] = ()
