@@ -140,16 +140,37 @@ def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_parade_max(coun
                    + ["cats sleep all day long in warm sun."] * 3 + ["the mill by the river."])
     together, _ = _score(counting, "keyb2", doc)
     assert together == 4
-    score, lengths = _score(counting, "keyb2-blocks", doc)
-    counts = _marker_counts(counting)
+    alone = _counting_with(counting, keyb2_blocks_span=1)
+    score, lengths = _score(alone, "keyb2-blocks", doc)
+    counts = _marker_counts(alone)
     blocks = len(counting.pipeline.cut("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])
     assert len(lengths) == min(8, blocks) and max(lengths) <= 8 + 3 + 12  # query + frame + one block
     assert sorted(counts)[-2:] == [1, 3] and score == 3
     one = _counting_with(counting, keyb2_blocks=1)
     score_one, lengths_one = _score(one, "keyb2-blocks", doc)
     assert len(lengths_one) == 1 and score_one == 1  # BM25's best block: the one with the most query words
-    evidence = counting.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
+    evidence = alone.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
     assert [doc[e.start : e.end].split()[:3] for e in evidence] == [[MARKER] * 3]  # the block the max came from
+
+
+def test_keyb2_blocks_reads_adjacent_chosen_blocks_together_up_to_its_span(counting):
+    # The query's words sit in two sentences that follow each other, markers in both: each alone gives 2,
+    # read together (span 2) the input holds all 4; a third chosen sentence elsewhere stays its own input.
+    doc = " ".join(["cats sleep all day long in warm sun."] * 5 + [f"{MARKER} {MARKER} where is the mill?",
+                    f"{MARKER} {MARKER} the mill is here."] + ["dogs bark at night near the gate."] * 5
+                   + ["the mill by the river."])
+    alone, lengths_alone = _score(_counting_with(counting, keyb2_blocks=3, keyb2_blocks_span=1), "keyb2-blocks", doc)
+    assert alone == 2 and len(lengths_alone) == 3
+    paired = _counting_with(counting, keyb2_blocks=3, keyb2_blocks_span=2)
+    score, lengths = _score(paired, "keyb2-blocks", doc)
+    assert score == 4 and sorted(_marker_counts(paired)) == [0, 4] and len(lengths) == 2
+    evidence = paired.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
+    assert [doc[e.start : e.end].split()[:2] for e in evidence] == [[MARKER] * 2] * 2  # both blocks of the run
+    # A run never holds more than fits next to the query (64 tokens an input here): 8 blocks of ~11 split.
+    crowded = " ".join([f"{MARKER} where is the mill by the old river bank?"] * 8)
+    wide = _counting_with(counting, keyb2_blocks=8, keyb2_blocks_span=8)
+    _, lengths_wide = _score(wide, "keyb2-blocks", crowded)
+    assert len(lengths_wide) >= 2 and max(lengths_wide) <= 64 and sum(_marker_counts(wide)) == 8
 
 
 def _counting_with(counting, **overrides) -> Reranker:

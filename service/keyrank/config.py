@@ -67,6 +67,7 @@ class Settings(BaseSettings):
     keyb2_block_order: Literal["document", "score"] = Field("document", description="KeyB2 reads its chosen blocks as the text runs ('document', the papers) or best-scored first ('score'); train and serve alike.")
     keyb2_min_score_share: float | None = Field(0.5, ge=0.0, le=1.0, description="KeyB2 with the bm25 selector reads only blocks scoring at least this share of the document's best block (an adaptive budget, chosen on dev: docs/SELECTION.md); 0 or unset = fill the budget as the papers do.")
     keyb2_blocks: int = Field(8, ge=1, le=64, description="keyb2-blocks reads a document's this many best blocks by the selector, each alone with the query; chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
+    keyb2_blocks_span: int = Field(4, ge=1, le=8, description="keyb2-blocks reads chosen blocks that follow each other in the text together, up to this many blocks (and what fits) an input, so a passage cut across blocks keeps its context; 1 = each block alone. Chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
     keyb2_keep_lead: bool = Field(False, description="KeyB2 always reads block 0 (documents often state their topic first).")
     keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")

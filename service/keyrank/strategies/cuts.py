@@ -213,7 +213,7 @@ class KeyBlocksCut(BlockCut):
     name = "key-blocks"
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
-        return key_block_passages(pieces, block_scores, settings.keyb2_blocks)
+        return key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
 
     def sequences(self, tokens, window, plan):
         """A block read alone is charged its share of a full input: (block + query + frame) / ``window``, for

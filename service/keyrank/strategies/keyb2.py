@@ -129,11 +129,38 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
     return passages
 
 
-def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int) -> list[Passage]:
+def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int,
+                       span: int = 1, fits: int | None = None) -> list[Passage]:
     """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), each alone as its
-    own passage, in document order; a document without blocks reads one empty passage (the query alone)."""
-    return [p for doc, (blocks, scores) in enumerate(zip(pieces, block_scores))
-            for p in window_passages(doc, blocks, best_indices(scores, most).tolist()) or [_empty(doc)]]
+    own passage, in document order; a document without blocks reads one empty passage (the query alone).
+    With ``span`` > 1, chosen blocks that follow each other in the text are read together, up to ``span``
+    blocks and ``fits`` document tokens an input (a passage cut across block boundaries keeps its context)."""
+    out = []
+    for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
+        chosen = best_indices(scores, most).tolist()
+        if span == 1 or not chosen:
+            out += window_passages(doc, blocks, chosen) or [_empty(doc)]
+            continue
+        for run in _adjacent_runs(chosen, blocks.ends - blocks.starts, span, fits):
+            idx = np.asarray(run, dtype=np.int64)
+            out.append(Passage(doc, blocks.starts[idx], blocks.ends[idx], idx))
+    return out
+
+
+def _adjacent_runs(indices: list[int], lengths: np.ndarray, span: int, fits: int | None) -> list[list[int]]:
+    """Increasing block indices split into runs of consecutive ones, each at most ``span`` blocks and
+    ``fits`` tokens (a block alone always makes a run)."""
+    runs: list[list[int]] = []
+    used = 0
+    for i in indices:
+        size = int(lengths[i])
+        if runs and runs[-1][-1] == i - 1 and len(runs[-1]) < span and (fits is None or used + size <= fits):
+            runs[-1].append(i)
+            used += size
+        else:
+            runs.append([i])
+            used = size
+    return runs
 
 
 def reading_passes(doc: int, blocks: Spans, scores: np.ndarray, budget: int, ids: np.ndarray | None,
