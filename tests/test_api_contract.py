@@ -18,6 +18,9 @@ from keyrank.config import Settings
 from keyrank.schemas import RerankResponse
 from prometheus_client import REGISTRY
 
+DEFAULT_STRATEGY = Settings.model_fields["default_strategy"].default
+"""What a request that names no strategy is ranked with (keyb2-blocks)."""
+
 DEAD_TRITON = "127.0.0.1:1"  # nothing listens on port 1: connection refused at once
 LIMITS = {"max_documents": 5, "max_document_chars": 2_000, "max_query_chars": 200, "max_body_bytes": 64_000}
 OK = {"query": "what is a cat", "documents": ["a cat is an animal", "the stock market fell"]}
@@ -153,7 +156,7 @@ def test_bad_requests_are_counted_as_invalid(client):
     ],
 )
 def test_rerank_with_triton_down_is_503_with_retry_after_within_a_second(client, path, body):
-    before = _requests_counted(path, body.get("strategy", "keyb2"), "unavailable")
+    before = _requests_counted(path, body.get("strategy", DEFAULT_STRATEGY), "unavailable")
     started = time.perf_counter()
     response = client.post(path, json=body)
     elapsed = time.perf_counter() - started
@@ -161,7 +164,7 @@ def test_rerank_with_triton_down_is_503_with_retry_after_within_a_second(client,
     assert response.headers["retry-after"] == "2"
     assert response.json()["error"]["type"] == "unavailable"
     assert elapsed < 1.0
-    assert _requests_counted(path, body.get("strategy", "keyb2"), "unavailable") == before + 1
+    assert _requests_counted(path, body.get("strategy", DEFAULT_STRATEGY), "unavailable") == before + 1
 
 
 def test_healthz_answers_while_triton_is_down(client):
@@ -303,7 +306,7 @@ def test_rerank_answer_is_ranked_with_ids_evidence_usage_and_timings(live_client
     assert response.status_code == 200, response.text
     answer = RerankResponse.model_validate(response.json())
     texts = [d if isinstance(d, str) else d["text"] for d in CATS["documents"]]
-    assert (answer.strategy, answer.selector) == ("keyb2", "bm25")
+    assert (answer.strategy, answer.selector) == (DEFAULT_STRATEGY, "bm25")
     assert answer.results[0].id == "cat"
     assert sorted(r.index for r in answer.results) == [0, 1, 2]
     scores = [r.relevance_score for r in answer.results]

@@ -18,6 +18,9 @@ from keyrank.reranker import Reranker
 from live_gateway import metric_samples, serving
 from toy_judged import tiny_bert, toy_trec
 
+DEFAULT_STRATEGY = Settings.model_fields["default_strategy"].default
+"""What a request that names no strategy is ranked with (keyb2-blocks)."""
+
 QUERY = "when was the budget agreed"
 DOCS = [
     "The budget was agreed on Tuesday by the finance committee after a long meeting.",
@@ -201,9 +204,9 @@ def test_requests_are_counted_with_their_model(local_gateway):
         key = ("keyrank_requests_total", tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="tiny") == 1
-    assert delta(endpoint="/rerank", strategy="keyb2", outcome="ok", model="base") == 0
-    assert delta(endpoint="/v2/rerank", strategy="keyb2", outcome="invalid", model="-") == 1  # no served model named
+    assert delta(endpoint="/rerank", strategy=DEFAULT_STRATEGY, outcome="ok", model="tiny") == 1
+    assert delta(endpoint="/rerank", strategy=DEFAULT_STRATEGY, outcome="ok", model="base") == 0
+    assert delta(endpoint="/v2/rerank", strategy=DEFAULT_STRATEGY, outcome="invalid", model="-") == 1  # no served model named
 
 
 # --- keyrank serve: one embedded Triton loads every model --------------------------------------------

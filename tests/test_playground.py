@@ -200,11 +200,12 @@ def test_the_page_ranks_the_sample_and_highlights_the_evidence(browser, prepared
     settings = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url)
     with live_gateway(settings) as url:
         status = _rank_sample(browser, f"{url}/playground")
-        assert status.text.startswith("ranked 4 documents with keyb2 / bm25"), status.text
+        default = f"{settings.default_strategy} / {settings.default_selector}"
+        assert status.text.startswith(f"ranked 4 documents with {default}"), status.text
 
         # What the API answers for the same request (the page asked for the evidence; here its text too).
         api = httpx.post(f"{url}/rerank", timeout=RANK_TIMEOUT_S, json={
-            "query": sample["query"], "documents": sample["documents"], "strategy": "keyb2", "selector": "bm25",
+            "query": sample["query"], "documents": sample["documents"],  # the page's request: the defaults
             "return_evidence": True, "return_documents": True}).json()
         top = api["results"][0]
         assert top["id"] == sample["documents"][sample["relevant_document"]]["id"]  # what the sample is for

@@ -115,7 +115,7 @@ class Settings(BaseSettings):
     # --- API -------------------------------------------------------------------
     api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
     model_name: str | None = Field(None, description="What answers report as `model`; unset = the prepared model's folder name or hub id.")
-    default_strategy: Strategy = "keyb2"
+    default_strategy: Strategy = "keyb2-blocks"
     default_selector: Selector = "bm25"
     playground: bool = Field(True, description="Serve the /playground page (a ranking with its evidence highlighted), behind api_key when one is set; false = 404.")
 

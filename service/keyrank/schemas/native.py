@@ -40,7 +40,7 @@ class RerankRequest(StrictRequest):
     KEYRANK_MAX_DOCUMENT_CHARS characters (default 400000). An empty or whitespace-only document is not
     scored: it ranks after every other document with relevance_score -10000 (0 in the vendor shapes)."""
     strategy: Strategy | None = Field(None, examples=["keyb2"])
-    """How long documents are read; unset = KEYRANK_DEFAULT_STRATEGY (keyb2)."""
+    """How long documents are read; unset = KEYRANK_DEFAULT_STRATEGY (keyb2-blocks)."""
     selector: Selector | None = Field(None, examples=["bm25"])
     """Key-block selector of keyb2; unset = KEYRANK_DEFAULT_SELECTOR (bm25)."""
     top_n: Count | None = Field(None, examples=[10])

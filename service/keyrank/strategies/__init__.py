@@ -104,8 +104,9 @@ REGISTRY: dict[str, StrategySpec] = {
                      summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
                              "pooled vector"),
         StrategySpec("keyb2-blocks", KEY_BLOCKS, "parade-max", needs_pooled=True,
-                     summary="the selector's best `keyb2_blocks` blocks (8), each alone with the query (short sequences); "
-                             "classifier head on the element-wise max of their pooled vectors"),
+                     summary="the selector's best `keyb2_blocks` blocks (8), in short sequences with the query: chosen "
+                             "blocks that follow each other read together, up to `keyb2_blocks_span` (4); classifier head on "
+                             "the element-wise max of their pooled vectors (the default)"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),
