@@ -78,6 +78,18 @@ def test_keyb2_costs_a_sequence_per_pass_the_text_can_fill():
     assert _cost("keyb2", "bm25", Q, [huge], passes, frame_tokens=FRAME) == 3
 
 
+def test_keyb2_blocks_costs_its_inputs_share_of_full_ones():
+    short = "x" * int(300 * CHARS_PER_TOKEN)  # 5 blocks of <= 63 tokens, all chosen and adjacent
+    window = 512 - 2 - FRAME
+    per_input = S.query_max_tokens + 3
+    # span 4: the 5 blocks in 2 inputs; each block alone: 5 inputs, each with the query again
+    assert _cost("keyb2-blocks", "bm25", Q, [short], S, frame_tokens=FRAME) == pytest.approx((5 * 63 + 2 * per_input) / window)  # bm25: no model work
+    alone = S.with_overrides(keyb2_blocks_span=1)
+    assert _cost("keyb2-blocks", "bm25", Q, [short], alone, frame_tokens=FRAME) == pytest.approx((5 * 63 + 5 * per_input) / window)
+    # a long document: its 8 chosen blocks may stand apart, one input each, whatever the span
+    assert _cost("keyb2-blocks", "bm25", Q, [TOKENS_1000], S, frame_tokens=FRAME) == pytest.approx((8 * 63 + 8 * per_input) / window)
+
+
 def test_keyb2_parade_costs_its_rows_fewest_passes_unless_keyb2_passes_raises_them():
     short = "x" * int(300 * CHARS_PER_TOKEN)
     huge = "x" * int(10_000 * CHARS_PER_TOKEN)

@@ -216,12 +216,16 @@ class KeyBlocksCut(BlockCut):
         return key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
 
     def sequences(self, tokens, window, plan):
-        """A block read alone is charged its share of a full input: (block + query + frame) / ``window``, for
-        each of the ``keyb2_blocks`` a document has, plus the selector's own work on every block."""
+        """Each input is charged its share of a full one: (its blocks + query + frame) / ``window``, plus the
+        selector's own work on every block. A document of at most ``keyb2_blocks`` blocks has them all chosen,
+        one after another, so they are read in runs of ``keyb2_blocks_span``; a longer one's chosen blocks may
+        all stand apart, one input each."""
         s = plan.settings
         blocks = np.maximum(1, np.ceil(tokens / s.block_max_tokens))
-        share = min(1.0, (s.block_max_tokens + s.query_max_tokens + 3) / max(window, 1))
-        return float(np.sum(np.minimum(blocks, s.keyb2_blocks)) * share) + self.selector_work(tokens, plan)
+        chosen = np.minimum(blocks, s.keyb2_blocks)
+        inputs = np.where(blocks <= s.keyb2_blocks, np.ceil(chosen / s.keyb2_blocks_span), chosen)
+        read = chosen * s.block_max_tokens + inputs * (s.query_max_tokens + 3)
+        return float(np.sum(np.minimum(read / max(window, 1), chosen))) + self.selector_work(tokens, plan)
 
     def evidence(self, passages, best):
         """The block the fold rests on most: each document's best-scored one."""
