@@ -342,10 +342,13 @@ def post(stack: Stack, path: str, body: dict, timeout: float = 60.0):
     return httpx.post(f"{stack.url}{path}", json=body, timeout=timeout)
 
 
-@pytest.mark.parametrize("strategy,selector", [("keyb2", "bm25"), ("keyb2", "dense"), ("maxp", None), ("firstp", None)])
+@pytest.mark.parametrize("strategy,selector", [("keyb2-blocks", "bm25"), ("keyb2", "bm25"), ("keyb2", "dense"), ("maxp", None),
+                                               ("firstp", None)])
 def test_the_three_rerank_apis_match_the_local_reranker(stack, served_models, strategy, selector):
     from keyrank import Reranker
+    from keyrank.config import Settings
 
+    default = tuple(Settings.model_fields[f"default_{what}"].default for what in ("strategy", "selector"))  # the image sets neither
     local = Reranker.local(served_models)
     try:
         expected = {r.index: r.score for r in local.rank(QUERY, DOCS, strategy=strategy, selector=selector).results}
@@ -353,7 +356,7 @@ def test_the_three_rerank_apis_match_the_local_reranker(stack, served_models, st
         local.close()
     options = {"strategy": strategy} | ({"selector": selector} if selector else {})
     cases = [("/rerank", {"query": QUERY, "documents": DOCS, **options}, lambda x: x)]
-    if (strategy, selector) == ("keyb2", "bm25"):  # the gateway's default: what Jina's and Cohere's shapes use
+    if (strategy, selector) == default:  # the gateway's default: what Jina's and Cohere's shapes use
         # They answer the sigmoid of keyrank's score, as their clients expect.
         cases += [("/v1/rerank", {"query": QUERY, "documents": DOCS, "model": "keyrank"}, sigmoid),
                   ("/v2/rerank", {"query": QUERY, "documents": DOCS, "model": "keyrank"}, sigmoid)]
