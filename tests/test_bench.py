@@ -45,7 +45,7 @@ def test_gpu_bench_without_cuda_measures_the_cpu_ceiling_and_says_the_gpu_parts_
     assert main(["--gpu", "--model-dir", str(prepared_models), "--datasets", str(DATASETS), "--docs", "8", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert SKIPPED == "GPU parts skipped: no CUDA device" and SKIPPED in out
-    for strategy in ("keyb2-bm25", "maxp", "firstp"):
+    for strategy in ("keyb2-bm25", "keyb2-blocks-bm25", "maxp", "firstp"):
         assert re.search(rf"{strategy}\s+[\d,]+ tokens/s\s+[\d.]+ q/s", out), out
 
 
