@@ -38,6 +38,7 @@ SCENARIOS: dict[str, tuple[str, str | None]] = {
     "keyb2": ("keyb2", "bm25"),
     "keyb2-dense": ("keyb2", "dense"),
     "keyb2-cross": ("keyb2", "cross"),
+    "keyb2-blocks": ("keyb2-blocks", "bm25"),  # the gateway's default strategy
 }
 
 

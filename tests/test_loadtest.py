@@ -108,7 +108,7 @@ def test_every_strategy_has_its_own_locust_user_class():
     assert listed.returncode == 0, listed.stderr
     classes = {line.strip() for line in listed.stdout.splitlines()[1:] if line.strip()}
     assert classes == {payloads.user_class_name(s) for s in payloads.SCENARIOS}
-    assert len(classes) == 9
+    assert len(classes) == 10  # one per scenario; keyb2-blocks, the default, is the tenth
 
 
 def test_runner_exits_nonzero_and_reports_failures_when_the_service_is_unreachable(tmp_path):
