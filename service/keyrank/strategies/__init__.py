@@ -30,7 +30,7 @@ class StrategySpec:
     cut: DocumentCut
     """How the document is read (cuts.py): ``prefix``: the first tokens; ``sliding``: overlapping windows
     (stride = half by default); ``disjoint``: back-to-back chunks; ``blocks``: CogLTX blocks, selected (keyb2);
-    ``key-blocks``: the best selected blocks, each its own input (keyb2-blocks);
+    ``key-blocks``: the best selected blocks in short inputs, adjacent ones together (keyb2-blocks);
     ``whole``: the whole document in one input, up to the model's own length (longp)."""
     aggregation: str
     """How sequence scores become a document score (aggregate.py ``METHODS``)."""

@@ -208,7 +208,8 @@ class BlockCut(DocumentCut):
 
 
 class KeyBlocksCut(BlockCut):
-    """keyb2-blocks: the selector's best ``keyb2_blocks`` blocks, each alone with the query (one short input each)."""
+    """keyb2-blocks: the selector's best ``keyb2_blocks`` blocks in short inputs with the query, those that follow
+    each other in the text together (up to ``keyb2_blocks_span``)."""
 
     name = "key-blocks"
 

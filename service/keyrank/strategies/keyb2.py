@@ -24,8 +24,9 @@ next-best blocks fill each further one, and the document scores as its best
 pass (``aggregate``'s ``max``; with one pass that is its only score).
 
 ``keyb2-blocks`` reads the same selection differently (``key_block_passages``): the
-``keyb2_blocks`` best blocks each alone with the query, short sequences whose pooled
-vectors PARADE's max folds into one (docs/EXPERIMENTS.md, 2026-11-27).
+``keyb2_blocks`` best blocks in short inputs with the query, those that follow each other
+in the text together (up to ``keyb2_blocks_span``), whose pooled vectors PARADE's max folds
+into one (docs/EXPERIMENTS.md, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
 from keyrank.select.shared import shared_blocks
 from keyrank.strategies.passage import Passage
-from keyrank.strategies.windows import window_passages
 from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")
@@ -131,15 +131,15 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
 
 def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int,
                        span: int = 1, fits: int | None = None) -> list[Passage]:
-    """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), each alone as its
-    own passage, in document order; a document without blocks reads one empty passage (the query alone).
-    With ``span`` > 1, chosen blocks that follow each other in the text are read together, up to ``span``
-    blocks and ``fits`` document tokens an input (a passage cut across block boundaries keeps its context)."""
+    """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), in document order;
+    chosen blocks that follow each other in the text are one passage, up to ``span`` blocks and ``fits`` document
+    tokens (a passage cut across block boundaries keeps its context; ``span`` 1: each block alone). A document
+    without blocks reads one empty passage (the query alone)."""
     out = []
     for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
         chosen = best_indices(scores, most).tolist()
-        if span == 1 or not chosen:
-            out += window_passages(doc, blocks, chosen) or [_empty(doc)]
+        if not chosen:
+            out.append(_empty(doc))
             continue
         for run in _adjacent_runs(chosen, blocks.ends - blocks.starts, span, fits):
             idx = np.asarray(run, dtype=np.int64)
