@@ -214,8 +214,7 @@ class KeyBlocksCut(BlockCut):
     name = "key-blocks"
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
-        return key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget,
-                                  best_first=settings.keyb2_blocks_best_first)
+        return key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
 
     def sequences(self, tokens, window, plan):
         """Each input is charged its share of a full one: (its blocks + query + frame) / ``window``, plus the

@@ -130,7 +130,7 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
 
 
 def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int,
-                       span: int = 1, fits: int | None = None, best_first: bool = False) -> list[Passage]:
+                       span: int = 1, fits: int | None = None) -> list[Passage]:
     """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), in document order;
     chosen blocks that follow each other in the text are one passage, up to ``span`` blocks and ``fits`` document
     tokens (a passage cut across block boundaries keeps its context; ``span`` 1: each block alone). A document
@@ -141,27 +141,10 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
         if not chosen:
             out.append(_empty(doc))
             continue
-        lengths = blocks.ends - blocks.starts
-        parts = _split_at_best(chosen, scores) if best_first else [chosen]
-        for run in (r for part in parts for r in _adjacent_runs(part, lengths, span, fits)):
+        for run in _adjacent_runs(chosen, blocks.ends - blocks.starts, span, fits):
             idx = np.asarray(run, dtype=np.int64)
             out.append(Passage(doc, blocks.starts[idx], blocks.ends[idx], idx))
     return out
-
-
-def _split_at_best(indices: list[int], scores: np.ndarray) -> list[list[int]]:
-    """Increasing block indices cut before the best-scored block of each stretch of consecutive ones (ties:
-    the earlier), so that block starts an input and the text before it is read in its own."""
-    parts: list[list[int]] = []
-    stretch: list[int] = []
-    for i in [*indices, None]:
-        if stretch and (i is None or i != stretch[-1] + 1):
-            top = max(range(len(stretch)), key=lambda j: (scores[stretch[j]], -j))
-            parts += [p for p in (stretch[:top], stretch[top:]) if p]
-            stretch = []
-        if i is not None:
-            stretch.append(i)
-    return parts
 
 
 def _adjacent_runs(indices: list[int], lengths: np.ndarray, span: int, fits: int | None) -> list[list[int]]:
