@@ -1,13 +1,17 @@
 """Where far-relevant offsets differ: what keyb2 read of the relevant insert, per offset.
 
-    python docs/experiments/farrel_offsets.py runs/e/r2-farrel-c5 [--system keyb2-bm25]
+    python docs/experiments/farrel_offsets.py runs/e/r2-farrel-c5 [--system keyb2-bm25] [--seam]
 
 Reads a `keyrank eval --task farrel` folder (its config.json for the seed,
 constructions and offsets, runs/farrel.json for the scores and evidence),
 rebuilds the same queries, and prints per offset: nDCG@10 of the system, the
 share of the target's insert inside its selected blocks, the share of the
 insert's first 100 characters read, nDCG@10 over the rankings where those are
-read, and the characters selected outside the insert in the target document.
+read, the characters selected outside the insert in the target document, and
+the share of rankings where the insert opens a CogLTX block (its first token
+starts one, as it always does at offset 0) with nDCG@10 over those and the others.
+``--seam``: the run was taken with docs/experiments/farrel_seam.py (the insert at a
+filler-passage boundary), so the queries are rebuilt that way.
 docs/EXPERIMENTS.md (2026-11-26, two epochs and PSI's noise) reads the table.
 """
 
@@ -20,6 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from keyrank import segment
+from keyrank.config import Settings
+from keyrank.data import farrelevant
 from keyrank.evaluation import tasks
 from keyrank.evaluation.report import covered_share
 from keyrank.tokenize import TextTokenizer
@@ -32,9 +39,15 @@ def main() -> None:
     p.add_argument("run", type=Path, help="folder `keyrank eval --task farrel --out` wrote")
     p.add_argument("--system", default="keyb2-bm25")
     p.add_argument("--data-dir", type=Path, default=Path("../shared/datasets"))
+    p.add_argument("--seam", action="store_true", help="the run was taken with farrel_seam.py")
     args = p.parse_args()
+    if args.seam:
+        import farrel_seam  # noqa: PLC0415 (beside this file)
+        farrelevant.insert, farrelevant.check_offsets = farrel_seam.insert_at_boundary, farrel_seam.check_at_boundary
     config = json.loads((args.run / "config.json").read_text())
     tokenizer = TextTokenizer.from_file(Path(config["model_dir"]) / "gateway" / "tokenizer.json")
+    vocab_costs = segment.token_break_costs(tokenizer)
+    settings = Settings()  # the block settings the run was taken with (defaults, or the same environment)
     queries = {q.qid: q for q in tasks.build(
         "farrel", args.data_dir, tokenizer, seed=config["seed"], max_queries=config["max_queries"],
         offsets=tuple(config["offsets"]), distractors=config["distractors"], filler=config["filler"],
@@ -53,15 +66,23 @@ def main() -> None:
         row["covered"].append(covered)
         row["head"].append(covered_share([(start, min(end, start + HEAD_CHARS))], spans))
         row["outside"].append(sum(span[1] - span[0] for span in spans) - covered * (end - start))
+        doc = next(c for c in q.candidates if c.doc_id == target)
+        enc = tokenizer.encode_documents([doc.text])[0]
+        blocks = segment.blocks(enc, vocab_costs, settings.block_max_tokens, settings.block_cost)
+        row["opens"].append(bool(np.any(enc.offsets[blocks.starts, 0] == start)))
     print(f"{args.system}, {args.run}\n")
     print("| offset | rankings | nDCG@10 | insert covered | its first 100 characters read | nDCG@10 when they are read "
-          "| characters read outside the insert |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| characters read outside the insert | insert opens a block | nDCG@10 then / otherwise |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for bucket in sorted(rows, key=int):
         r = rows[bucket]
         read = [n for n, h in zip(r["ndcg"], r["head"]) if h > 0.99]
+        opens = np.asarray(r["opens"])
+        ndcg_q = np.asarray(r["ndcg"])
+        split = " / ".join(f"{ndcg_q[m].mean():.3f}" if m.any() else "-" for m in (opens, ~opens))
         print(f"| {bucket} | {len(r['ndcg'])} | {np.mean(r['ndcg']):.3f} | {np.mean(r['covered']):.3f} | "
-              f"{np.mean(r['head']):.3f} | {np.mean(read) if read else float('nan'):.3f} | {np.mean(r['outside']):.0f} |")
+              f"{np.mean(r['head']):.3f} | {np.mean(read) if read else float('nan'):.3f} | {np.mean(r['outside']):.0f} | "
+              f"{opens.mean():.2f} | {split} |")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,52 @@
+"""Far-relevant with the insert at a filler-passage boundary: is the deep offsets' gap the seam?
+
+    PYTHONPATH=service python docs/experiments/farrel_seam.py <keyrank eval arguments>
+
+The far-relevant construction starts the insert at an exact token offset, so below
+offset 0 it cuts a filler passage in two: the insert follows a stray fragment and is
+followed by the rest of that passage, both joined mid-sentence. This runs
+`keyrank eval` with one change to the construction: the insert starts at the last
+filler-passage boundary at or before the offset (whole filler passages before it,
+whole ones after; its documents keep their length). Offset 0 is unchanged, a deeper
+one moves back by less than one filler passage, and the bucket keeps its nominal name.
+If reading deep inserts worse is the seam, the gap to offset 0 closes here; if it is
+position, it stays. A diagnostic: the benchmark itself is not changed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from keyrank.data import farrelevant as fr
+from keyrank.evaluation.cli import main
+
+
+def insert_at_boundary(filler: list[fr.Encoded], passage: fr.Encoded, offset: int) -> tuple[str, tuple[int, int]]:
+    """``fr.insert`` with the insert after the whole filler passages that end at or before ``offset``."""
+    before, have = [], 0
+    for piece in filler:
+        if have + len(piece) > offset:
+            break
+        before.append(piece)
+        have += len(piece)
+    after = filler[len(before):]
+    head = fr.join(before)
+    start = len(head) + 1 if head else 0
+    text = " ".join(t for t in (head, passage.text, fr.join(after)) if t)
+    return text, (start, start + len(passage.text))
+
+
+def check_at_boundary(tokenizer, texts, spans, passages, offset) -> None:
+    """Each insert is there whole, at a token start no later than ``offset``."""
+    heads = [text[:end] for text, (_, end) in zip(texts, spans)]
+    for enc, span, passage in zip(tokenizer.encode_documents(heads), spans, passages):
+        found = fr.np.flatnonzero(enc.offsets[:, 0] == span[0])
+        at = int(found[0]) if found.size else -1
+        if not 0 <= at <= offset or not fr.np.array_equal(enc.ids[at:at + len(passage)], passage.ids):
+            raise AssertionError(f"insert at token {at}, wanted a boundary at or before {offset}")
+
+
+if __name__ == "__main__":
+    fr.insert = insert_at_boundary
+    fr.check_offsets = check_at_boundary
+    sys.exit(main(sys.argv[1:]))
