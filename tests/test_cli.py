@@ -102,6 +102,17 @@ def test_serve_shows_the_effective_default_from_the_environment(monkeypatch):
         get_settings.cache_clear()
 
 
+def test_none_in_the_environment_unsets_a_setting_that_may_be_unset(monkeypatch):
+    from keyrank.config import Settings
+
+    monkeypatch.delenv("KEYRANK_KEYB2_BLOCKS_LEAD", raising=False)
+    assert Settings().keyb2_blocks_lead == Settings.model_fields["keyb2_blocks_lead"].default is not None
+    monkeypatch.setenv("KEYRANK_KEYB2_BLOCKS_LEAD", "none")
+    assert Settings().keyb2_blocks_lead is None
+    monkeypatch.setenv("KEYRANK_KEYB2_BLOCKS_LEAD", "2")
+    assert Settings().keyb2_blocks_lead == 2
+
+
 @pytest.mark.parametrize(("command", "option"), [("eval", "--data-dir"), ("finetune", "--data-dir"), ("bench", "--datasets")])
 def test_the_judged_data_is_where_KEYRANK_EVAL_DATA_DIR_says(monkeypatch, tmp_path, command, option):
     from keyrank.config import Settings, get_settings

@@ -173,6 +173,30 @@ def test_keyb2_blocks_reads_adjacent_chosen_blocks_together_up_to_its_span(count
     assert len(lengths_wide) >= 2 and max(lengths_wide) <= 64 and sum(_marker_counts(wide)) == 8
 
 
+def test_keyb2_blocks_lead_starts_an_input_at_the_query_inside_the_document_only(counting):
+    # One chosen block: markers, then the query's first rare term ("mill"; "is" and "the" are common). Deep in
+    # the document, the lead setting starts the input `lead` tokens before "mill", leaving the markers out;
+    # the same sentence opening the document is read whole, and so is every block with the setting off.
+    mill = f"{MARKER} {MARKER} {MARKER} cats nap, the mill is old."
+    filler = ["dogs bark at night near the gate."] * 5
+    deep, first = " ".join(filler + [mill]), " ".join([mill] + filler)
+    anchors = counting.pipeline.anchors(counting.tokenizer.encode_query("where is the mill", 8))
+    assert sorted(counting.tokenizer.id_to_token(int(t)) for t in anchors) == ["mill", "where"]
+    assert not len(counting.pipeline.anchors(counting.tokenizer.encode_query("what is the", 8)))  # nothing to start at
+    whole = _counting_with(counting, keyb2_blocks=1, keyb2_blocks_lead=None)
+    assert _score(whole, "keyb2-blocks", deep)[0] == 3
+    for lead, read in ((0, "mill is old."), (2, ", the mill is old.")):
+        trimmed = _counting_with(counting, keyb2_blocks=1, keyb2_blocks_lead=lead)
+        score, lengths = _score(trimmed, "keyb2-blocks", deep)
+        assert score == 0 and len(lengths) == 1
+        evidence = trimmed.rank("where is the mill", [deep], strategy="keyb2-blocks").results[0].evidence
+        assert deep[evidence[0].start : evidence[0].end] == read
+        assert _score(trimmed, "keyb2-blocks", first)[0] == 3  # the document's opening block is read whole
+    lengths = {lead: _score(_counting_with(counting, keyb2_blocks=1, keyb2_blocks_lead=lead), "keyb2-blocks", deep)[1][0]
+               for lead in (0, 2)}
+    assert lengths[2] == lengths[0] + 2
+
+
 def _counting_with(counting, **overrides) -> Reranker:
     """The counting reranker under other settings (same marker scorer and head)."""
     other = Reranker(counting.settings.with_overrides(**overrides), scorer=MarkerCounter(counting.scorer.marker_id))

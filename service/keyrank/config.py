@@ -28,7 +28,7 @@ Selector = Literal[SELECTORS]  # type: ignore[valid-type]
 class Settings(BaseSettings):
     """Service configuration; every field can be set as ``KEYRANK_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="KEYRANK_", env_file=None, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KEYRANK_", env_file=None, extra="ignore", env_parse_none_str="none")
 
     # --- where things are ---------------------------------------------------
     model_dir: Path = Field(Path("models"), description="Output of `keyrank prepare`: triton/, triton-embedded/, gateway/.")
@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     keyb2_min_score_share: float | None = Field(0.5, ge=0.0, le=1.0, description="KeyB2 with the bm25 selector reads only blocks scoring at least this share of the document's best block (an adaptive budget, chosen on dev: docs/SELECTION.md); 0 or unset = fill the budget as the papers do.")
     keyb2_blocks: int = Field(8, ge=1, le=64, description="keyb2-blocks reads a document's this many best blocks by the selector, in short inputs with the query (keyb2_blocks_span); chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
     keyb2_blocks_span: int = Field(4, ge=1, le=8, description="keyb2-blocks reads chosen blocks that follow each other in the text together, up to this many blocks (and what fits) an input, so a passage cut across blocks keeps its context; 1 = each block alone. Chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
+    keyb2_blocks_lead: int | None = Field(4, ge=0, le=63, description="keyb2-blocks: an input whose first block does not open its document starts this many tokens before the first rare query term in that block (the text before it there is usually the end of what came before); None = whole blocks. Chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
     keyb2_keep_lead: bool = Field(False, description="KeyB2 always reads block 0 (documents often state their topic first).")
     keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")

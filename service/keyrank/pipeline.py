@@ -40,12 +40,17 @@ from keyrank.scoring import ModelInputs
 from keyrank.segment import Spans, best_pieces, blocks, per_document, token_break_costs
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select import BlockSelector, SelectorContext
-from keyrank.select.bm25 import term_mask
+from keyrank.select.bm25 import general_table, term_mask
 from keyrank.strategies import Passage, StrategySpec
 from keyrank.strategies.cuts import CutContext
 from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
+
+ANCHOR_MIN_IDF = 3.5
+"""A query term is rare (``Pipeline.anchors``) from this general-table IDF on (at most one block in 12 holds
+it): "why" (4.0), "does" (4.4) and every content word are; "what" (3.0), "who" (3.1), "how" (3.3) and the
+function words are not. Chosen on dev with ``keyb2_blocks_lead`` (docs/EXPERIMENTS.md, 2026-11-27)."""
 
 __all__ = ["Cut", "Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "check_served_defaults", "load_template"]
 
@@ -219,7 +224,15 @@ class Pipeline:
     def assemble(self, cut: Cut) -> list[Passage]:
         """The passages each document contributes, grouped by document (the strategy's cut)."""
         r = cut.resolved
-        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector)
+        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector,
+                                   self.anchors(cut.query))
+
+    def anchors(self, query: Encoded) -> np.ndarray:
+        """The query's rare terms: its BM25 term ids whose IDF in the general table (select/idf.py) is at least
+        ``ANCHOR_MIN_IDF``, so question words and other common pieces do not count (a term the table lacks
+        counts as rare)."""
+        terms = np.unique(query.ids[self.is_term[query.ids]])
+        return terms[general_table(self.tokenizer).lookup(terms) >= ANCHOR_MIN_IDF]
 
     def inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> ModelInputs:
         """The model's template around the query and each passage's token ranges."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from keyrank.segment import Spans, blocks, windows
 from keyrank.strategies.firstp import first_passage
-from keyrank.strategies.keyb2 import key_block_passages, keyb2_passages
+from keyrank.strategies.keyb2 import key_block_passages, keyb2_passages, lead_trimmed
 from keyrank.strategies.passage import Passage
 from keyrank.strategies.windows import window_passages
 from keyrank.tokenize import Encoded
@@ -79,8 +79,9 @@ class DocumentCut(ABC):
 
     @abstractmethod
     def assemble(self, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
-                 settings: Any, selector: SelectorSpec | None) -> list[Passage]:
-        """The passages each document contributes, grouped by document."""
+                 settings: Any, selector: SelectorSpec | None, anchors: np.ndarray | None = None) -> list[Passage]:
+        """The passages each document contributes, grouped by document. ``anchors``: the query's rare term ids
+        (``Pipeline.anchors``), for a cut that starts its inputs at the query's terms."""
 
     @abstractmethod
     def sequences(self, tokens: np.ndarray, window: int, plan: Resolved) -> float:
@@ -120,7 +121,7 @@ class PrefixCut(DocumentCut):
     def segment(self, docs, budget, max_windows, ctx):
         return []
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
 
     def sequences(self, tokens, window, plan):
@@ -149,7 +150,7 @@ class WindowCut(DocumentCut):
             return None
         return settings.window_cap_by
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
         return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
 
     def sequences(self, tokens, window, plan):
@@ -185,7 +186,7 @@ class BlockCut(DocumentCut):
         s = ctx.settings
         return ctx.documents.blocks(docs, lambda d: blocks(d, ctx.break_costs, s.block_max_tokens, s.block_cost))
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
         return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector.name if selector else None)
 
     def sequences(self, tokens, window, plan):
@@ -213,8 +214,11 @@ class KeyBlocksCut(BlockCut):
 
     name = "key-blocks"
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
-        return key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+        passages = key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
+        if settings.keyb2_blocks_lead is None or anchors is None:
+            return passages
+        return lead_trimmed(passages, docs, anchors, settings.keyb2_blocks_lead)
 
     def sequences(self, tokens, window, plan):
         """Each input is charged its share of a full one: (its blocks + query + frame) / ``window``, plus the

@@ -147,6 +147,27 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
     return out
 
 
+def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: np.ndarray, lead: int) -> list[Passage]:
+    """keyb2-blocks' inputs with the text before the query in their first block left out, where that block does
+    not open its document: such an input starts ``lead`` tokens before the first of ``anchors`` (the query's
+    rare term ids) in it. The segmentation cuts only where a block must end, so a passage deep in a document
+    seldom opens a block, and its first block starts with the end of whatever came before (docs/EXPERIMENTS.md,
+    2026-11-27). An input whose first block holds none of ``anchors`` is read whole."""
+    if not len(anchors):
+        return list(passages)
+    out = []
+    for p in passages:
+        start = int(p.starts[0]) if len(p.starts) else 0
+        if start > 0:
+            hits = np.flatnonzero(np.isin(docs[p.doc].ids[start:int(p.ends[0])], anchors))
+            if hits.size and hits[0] > lead:
+                starts = p.starts.copy()
+                starts[0] = start + int(hits[0]) - lead
+                p = replace(p, starts=starts)
+        out.append(p)
+    return out
+
+
 def _adjacent_runs(indices: list[int], lengths: np.ndarray, span: int, fits: int | None) -> list[list[int]]:
     """Increasing block indices split into runs of consecutive ones, each at most ``span`` blocks and
     ``fits`` tokens (a block alone always makes a run)."""
