@@ -174,7 +174,7 @@ def test_keyb2_blocks_reads_adjacent_chosen_blocks_together_up_to_its_span(count
 
 
 def test_keyb2_blocks_lead_starts_an_input_at_the_query_inside_the_document_only(counting):
-    # One chosen block: markers, then the query's first rare term ("mill"; "is" and "the" are common). Deep in
+    # One chosen block: markers, then the query's first rare term ("mill"; "is" and "the" are common). Inside
     # the document, the lead setting starts the input `lead` tokens before "mill", leaving the markers out;
     # the same sentence opening the document is read whole, and so is every block with the setting off.
     mill = f"{MARKER} {MARKER} {MARKER} cats nap, the mill is old."
@@ -195,6 +195,16 @@ def test_keyb2_blocks_lead_starts_an_input_at_the_query_inside_the_document_only
     lengths = {lead: _score(_counting_with(counting, keyb2_blocks=1, keyb2_blocks_lead=lead), "keyb2-blocks", deep)[1][0]
                for lead in (0, 2)}
     assert lengths[2] == lengths[0] + 2
+    # Two chosen blocks read as one run, the first with common query words only ("is", "the"): the input starts
+    # in the second, before "mill", and the first block is neither read nor evidence.
+    run = " ".join(filler[:1] + ["dogs bark at night near a gate."] * 4 + [f"{MARKER} {MARKER} it is the old barn.",
+                                                                              f"{MARKER} cats nap by the mill now."])
+    paired = _counting_with(counting, keyb2_blocks=2, keyb2_blocks_span=2, keyb2_blocks_lead=None)
+    assert _score(paired, "keyb2-blocks", run)[0] == 3 and len(paired.scorer.seen[-1].ids) == 1
+    skipped = _counting_with(counting, keyb2_blocks=2, keyb2_blocks_span=2, keyb2_blocks_lead=2)
+    assert _score(skipped, "keyb2-blocks", run)[0] == 0
+    evidence = skipped.rank("where is the mill", [run], strategy="keyb2-blocks").results[0].evidence
+    assert [run[e.start : e.end] for e in evidence] == ["by the mill now."]
 
 
 def _counting_with(counting, **overrides) -> Reranker:

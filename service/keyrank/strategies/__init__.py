@@ -106,8 +106,8 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2-blocks", KEY_BLOCKS, "parade-max", needs_pooled=True,
                      summary="the selector's best `keyb2_blocks` blocks (8), in short sequences with the query: chosen "
                              "blocks that follow each other read together, up to `keyb2_blocks_span` (4), an input inside the "
-                             "document from `keyb2_blocks_lead` (4) tokens before the query's first rare term; classifier "
-                             "head on the element-wise max of their pooled vectors (the default)"),
+                             "document from `keyb2_blocks_lead` (4) tokens before the first rare query term it holds; "
+                             "classifier head on the element-wise max of their pooled vectors (the default)"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),

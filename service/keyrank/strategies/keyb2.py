@@ -148,22 +148,27 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
 
 
 def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: np.ndarray, lead: int) -> list[Passage]:
-    """keyb2-blocks' inputs with the text before the query in their first block left out, where that block does
-    not open its document: such an input starts ``lead`` tokens before the first of ``anchors`` (the query's
-    rare term ids) in it. The segmentation cuts only where a block must end, so a passage deep in a document
+    """keyb2-blocks' inputs with the text before the query left out where an input does not open its document:
+    it starts ``lead`` tokens before the first of ``anchors`` (the query's rare term ids) it holds, its blocks
+    before that one dropped. The segmentation cuts only where a block must end, so a passage deep in a document
     seldom opens a block, and its first block starts with the end of whatever came before (docs/EXPERIMENTS.md,
-    2026-11-27). An input whose first block holds none of ``anchors`` is read whole."""
+    2026-11-27). An input that holds none of ``anchors`` is read whole."""
     if not len(anchors):
         return list(passages)
+    at_anchor: dict[int, np.ndarray] = {}  # per document: which tokens are anchors (one np.isin a document)
     out = []
     for p in passages:
         start = int(p.starts[0]) if len(p.starts) else 0
         if start > 0:
-            hits = np.flatnonzero(np.isin(docs[p.doc].ids[start:int(p.ends[0])], anchors))
+            if p.doc not in at_anchor:
+                at_anchor[p.doc] = np.isin(docs[p.doc].ids, anchors)
+            hits = np.flatnonzero(at_anchor[p.doc][start:int(p.ends[-1])])  # a run's blocks follow each other
             if hits.size and hits[0] > lead:
-                starts = p.starts.copy()
-                starts[0] = start + int(hits[0]) - lead
-                p = replace(p, starts=starts)
+                begin = start + int(hits[0]) - lead
+                keep = p.ends > begin
+                starts = p.starts[keep].copy()
+                starts[0] = max(int(starts[0]), begin)
+                p = replace(p, starts=starts, ends=p.ends[keep], pieces=p.pieces[keep])
         out.append(p)
     return out
 
