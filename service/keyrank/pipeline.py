@@ -224,8 +224,8 @@ class Pipeline:
     def assemble(self, cut: Cut) -> list[Passage]:
         """The passages each document contributes, grouped by document (the strategy's cut)."""
         r = cut.resolved
-        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector,
-                                   self.anchors(cut.query))
+        terms = {"anchors": self.anchors(cut.query)} if r.spec.cut.reads_query_terms else {}
+        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector, **terms)
 
     def anchors(self, query: Encoded) -> np.ndarray:
         """The query's rare terms: its BM25 term ids whose IDF in the general table (select/idf.py) is at least

@@ -70,6 +70,8 @@ class DocumentCut(ABC):
     """Several sequences per document, each a window of it (the windows strategies)."""
     selects: bool = False
     """Its pieces are scored by a block selector before assembly (keyb2)."""
+    reads_query_terms: bool = False
+    """Its ``assemble`` takes ``anchors=``, the query's rare term ids (keyb2-blocks' lead rule)."""
     needs: str = ""
     """What the model must offer to be read this way (the README's needs column; ``refuses`` enforces it)."""
 
@@ -79,9 +81,9 @@ class DocumentCut(ABC):
 
     @abstractmethod
     def assemble(self, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
-                 settings: Any, selector: SelectorSpec | None, anchors: np.ndarray | None = None) -> list[Passage]:
-        """The passages each document contributes, grouped by document. ``anchors``: the query's rare term ids
-        (``Pipeline.anchors``), for a cut that starts its inputs at the query's terms."""
+                 settings: Any, selector: SelectorSpec | None) -> list[Passage]:
+        """The passages each document contributes, grouped by document. A cut with ``reads_query_terms`` is
+        also given ``anchors=``, the query's rare term ids (``Pipeline.anchors``)."""
 
     @abstractmethod
     def sequences(self, tokens: np.ndarray, window: int, plan: Resolved) -> float:
@@ -121,7 +123,7 @@ class PrefixCut(DocumentCut):
     def segment(self, docs, budget, max_windows, ctx):
         return []
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
 
     def sequences(self, tokens, window, plan):
@@ -150,7 +152,7 @@ class WindowCut(DocumentCut):
             return None
         return settings.window_cap_by
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
 
     def sequences(self, tokens, window, plan):
@@ -186,7 +188,7 @@ class BlockCut(DocumentCut):
         s = ctx.settings
         return ctx.documents.blocks(docs, lambda d: blocks(d, ctx.break_costs, s.block_max_tokens, s.block_cost))
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector.name if selector else None)
 
     def sequences(self, tokens, window, plan):
@@ -213,8 +215,10 @@ class KeyBlocksCut(BlockCut):
     each other in the text together (up to ``keyb2_blocks_span``)."""
 
     name = "key-blocks"
+    reads_query_terms = True
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+        """``anchors``: with ``keyb2_blocks_lead`` set, an input inside a document starts at the query (``lead_trimmed``)."""
         passages = key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
         if settings.keyb2_blocks_lead is None or anchors is None:
             return passages
