@@ -102,7 +102,7 @@ def test_serve_shows_the_effective_default_from_the_environment(monkeypatch):
         get_settings.cache_clear()
 
 
-def test_none_in_the_environment_unsets_a_setting_that_may_be_unset(monkeypatch):
+def test_none_in_the_environment_unsets_a_number_that_may_be_unset(monkeypatch):
     from keyrank.config import Settings
 
     monkeypatch.delenv("KEYRANK_KEYB2_BLOCKS_LEAD", raising=False)
@@ -111,6 +111,8 @@ def test_none_in_the_environment_unsets_a_setting_that_may_be_unset(monkeypatch)
     assert Settings().keyb2_blocks_lead is None
     monkeypatch.setenv("KEYRANK_KEYB2_BLOCKS_LEAD", "2")
     assert Settings().keyb2_blocks_lead == 2
+    monkeypatch.setenv("KEYRANK_API_KEY", "none")  # a text setting keeps the word: "none" is a key, not "no key"
+    assert Settings().api_key.get_secret_value() == "none"
 
 
 @pytest.mark.parametrize(("command", "option"), [("eval", "--data-dir"), ("finetune", "--data-dir"), ("bench", "--datasets")])

@@ -10,9 +10,9 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
@@ -25,10 +25,16 @@ Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 Selector = Literal[SELECTORS]  # type: ignore[valid-type]
 
 
+def _optional_number(annotation: object) -> bool:
+    """``int | None`` or ``float | None``."""
+    args = get_args(annotation)
+    return type(None) in args and any(a in (int, float) for a in args)
+
+
 class Settings(BaseSettings):
     """Service configuration; every field can be set as ``KEYRANK_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="KEYRANK_", env_file=None, extra="ignore", env_parse_none_str="none")
+    model_config = SettingsConfigDict(env_prefix="KEYRANK_", env_file=None, extra="ignore")
 
     # --- where things are ---------------------------------------------------
     model_dir: Path = Field(Path("models"), description="Output of `keyrank prepare`: triton/, triton-embedded/, gateway/.")
@@ -134,6 +140,15 @@ class Settings(BaseSettings):
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
     embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
     triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _none_unsets_a_number(cls, value: object, info: ValidationInfo) -> object:
+        """``none`` unsets a number that may be unset (``KEYRANK_KEYB2_BLOCKS_LEAD=none``); a text setting (a key,
+        a URL, a path) keeps the word as it is."""
+        if isinstance(value, str) and value.strip().lower() == "none" and _optional_number(cls.model_fields[info.field_name].annotation):
+            return None
+        return value
 
     @model_validator(mode="after")
     def _idf_source(self) -> Settings:
