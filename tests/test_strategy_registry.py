@@ -140,7 +140,7 @@ def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_parade_max(coun
                    + ["cats sleep all day long in warm sun."] * 3 + ["the mill by the river."])
     together, _ = _score(counting, "keyb2", doc)
     assert together == 4
-    alone = _counting_with(counting, keyb2_blocks_span=1)
+    alone = _counting_with(counting, keyb2_blocks=8, keyb2_blocks_span=1)
     score, lengths = _score(alone, "keyb2-blocks", doc)
     counts = _marker_counts(alone)
     blocks = len(counting.pipeline.cut("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])

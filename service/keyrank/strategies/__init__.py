@@ -104,7 +104,7 @@ REGISTRY: dict[str, StrategySpec] = {
                      summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
                              "pooled vector"),
         StrategySpec("keyb2-blocks", KEY_BLOCKS, "parade-max", needs_pooled=True,
-                     summary="the selector's best `keyb2_blocks` blocks (8), in short sequences with the query: chosen "
+                     summary="the selector's best `keyb2_blocks` blocks (6), in short sequences with the query: chosen "
                              "blocks that follow each other read together, up to `keyb2_blocks_span` (4), an input inside the "
                              "document from `keyb2_blocks_lead` (4) tokens before the first rare query term it holds; "
                              "classifier head on the element-wise max of their pooled vectors (the default)"),
