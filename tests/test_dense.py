@@ -1,5 +1,6 @@
 """The dense selector on real SQuAD text: a question's own paragraph ranks first,
-embeddings equal sentence-transformers', batching and sorting change nothing,
+embeddings equal sentence-transformers' (ONNX Runtime fp32) or stay within bf16's rounding of them
+(OpenVINO, what ``auto`` picks on a bf16 CPU), batching and sorting change nothing,
 and repeated blocks come from the cache (also under concurrent callers)."""
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
+from keyrank.scoring import openvino
+from keyrank.select import dense
 from keyrank.select.dense import DenseSelector
 from shared_data import DATASETS
 
@@ -23,7 +26,12 @@ def articles() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def selector(prepared_models) -> DenseSelector:
-    return DenseSelector(prepared_models / "gateway" / "bi_encoder", cache_size=10_000, batch_size=16)
+    return DenseSelector(prepared_models / "gateway" / "bi_encoder", cache_size=10_000, batch_size=16, runtime="onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def on_openvino(prepared_models) -> DenseSelector:
+    return DenseSelector(prepared_models, cache_size=0, batch_size=16, runtime="openvino")
 
 
 def _sentences(text: str) -> list[str]:
@@ -74,9 +82,9 @@ def test_embeddings_equal_sentence_transformers(selector, articles):
 def test_scores_do_not_depend_on_batch_size_or_on_the_other_blocks(prepared_models, articles):
     docs = [_sentences(p["context"]) for a in articles[:3] for p in a["paragraphs"][:2]]
     question = articles[0]["paragraphs"][0]["qas"][0]["question"]
-    big = DenseSelector(prepared_models, cache_size=0, batch_size=64).score_blocks(question, docs)
-    small = DenseSelector(prepared_models, cache_size=0, batch_size=3).score_blocks(question, docs)
-    alone = [DenseSelector(prepared_models, cache_size=0).score_blocks(question, [d])[0] for d in docs[:2]]
+    big = DenseSelector(prepared_models, cache_size=0, batch_size=64, runtime="onnxruntime").score_blocks(question, docs)
+    small = DenseSelector(prepared_models, cache_size=0, batch_size=3, runtime="onnxruntime").score_blocks(question, docs)
+    alone = [DenseSelector(prepared_models, cache_size=0, runtime="onnxruntime").score_blocks(question, [d])[0] for d in docs[:2]]
     assert [len(s) for s in big] == [len(d) for d in docs]
     for a, b in zip(big, small):
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -118,12 +126,13 @@ def test_the_cache_keeps_only_the_most_recently_used_texts(prepared_models):
 
 def test_concurrent_callers_get_the_same_vectors_as_one_caller(prepared_models, articles):
     texts = [s for a in articles[:4] for s in _sentences(a["paragraphs"][0]["context"])]
-    expected = DenseSelector(prepared_models, cache_size=0).embed(texts)
-    shared = DenseSelector(prepared_models, cache_size=10_000, batch_size=8)
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda k: shared.embed(texts[k:] + texts[:k]), range(8)))
-    for k, got in enumerate(results):
-        np.testing.assert_allclose(got, np.roll(expected, -k, axis=0), atol=1e-5)
+    for runtime in ("onnxruntime", "openvino"):  # OpenVINO's one infer request is taken in turn
+        expected = DenseSelector(prepared_models, cache_size=0, runtime=runtime).embed(texts)
+        shared = DenseSelector(prepared_models, cache_size=10_000, batch_size=8, runtime=runtime)
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda k: shared.embed(texts[k:] + texts[:k]), range(8)))
+        for k, got in enumerate(results):  # bf16: a block's vector may move with the batch it is padded in
+            np.testing.assert_allclose(got, np.roll(expected, -k, axis=0), atol=1e-5 if runtime == "onnxruntime" else 5e-3)
 
 
 def test_no_documents_and_documents_without_blocks(selector):
@@ -135,3 +144,41 @@ def test_no_documents_and_documents_without_blocks(selector):
 def test_a_missing_bi_encoder_names_the_command_that_makes_it(tmp_path):
     with pytest.raises(ModelAssetsMissing, match="keyrank prepare"):
         DenseSelector(tmp_path, cache_size=10)
+
+
+def test_openvino_embeddings_stay_within_bf16_rounding_and_rank_alike(selector, on_openvino, articles):
+    texts = [s for a in articles[:6] for p in a["paragraphs"][:2] for s in _sentences(p["context"])]
+    fp32, ours = selector.embed(texts), on_openvino.embed(texts)
+    assert ours.dtype == np.float32 and ours.shape == fp32.shape
+    assert np.abs(ours - fp32).max() < 1e-2 and float(np.min(np.sum(ours * fp32, axis=1))) > 0.999
+    # The test above, on OpenVINO: every question's own paragraph still ranks first among the articles'.
+    paragraphs = [a["paragraphs"][0]["context"] for a in articles]
+    for index, article in enumerate(articles):
+        question = next(q["question"] for q in article["paragraphs"][0]["qas"] if not q.get("is_impossible"))
+        (scores,) = on_openvino.score_blocks(question, [paragraphs])
+        assert int(np.argmax(scores)) == index, (question, article["title"])
+
+
+def test_auto_takes_openvino_only_where_the_cpu_computes_bf16(prepared_models, monkeypatch):
+    monkeypatch.setattr(openvino, "bf16_supported", lambda: False)
+    assert dense.pick_runtime("auto") == "onnxruntime"
+    assert DenseSelector(prepared_models, cache_size=0).runtime == "onnxruntime"
+    monkeypatch.setattr(openvino, "bf16_supported", lambda: True)
+    assert dense.pick_runtime("auto") == "openvino" and dense.pick_runtime("onnxruntime") == "onnxruntime"
+    with pytest.raises(ValueError, match="onnxruntime, openvino"):
+        dense.pick_runtime("tensorrt")
+    monkeypatch.setattr(openvino, "available", lambda: False)
+    with pytest.raises(ModelAssetsMissing, match="OpenVINO is not installed"):
+        dense.pick_runtime("openvino")
+
+
+def test_the_setting_reaches_the_selector(prepared_models, monkeypatch):
+    from types import SimpleNamespace
+
+    from keyrank.config import Settings
+
+    monkeypatch.setenv("KEYRANK_DENSE_RUNTIME", "onnxruntime")
+    settings = Settings()
+    assert settings.dense_runtime == "onnxruntime"
+    built = dense.build(SimpleNamespace(settings=settings, gateway_dir=prepared_models / "gateway"))  # what build reads
+    assert built.runtime == "onnxruntime" and built.precision == "f32"

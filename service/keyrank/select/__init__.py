@@ -94,7 +94,7 @@ REGISTRY: dict[str, SelectorSpec] = {
         SelectorSpec("bm25", "gateway", "keyrank.select.bm25", ratio_scale=True, bi_encoder=False, sequences_per_block=0.0,
                      summary="BM25 over the block's terms (k1 0.9, b 0.4), smoothed IDF"),
         SelectorSpec("dense", "gateway", "keyrank.select.dense", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,
-                     summary="all-MiniLM-L6-v2 cosine of query and block, in-process (ONNX Runtime), embeddings cached"),
+                     summary="all-MiniLM-L6-v2 cosine of query and block, in-process (OpenVINO bf16 where the CPU has it, else ONNX Runtime), embeddings cached"),
         SelectorSpec("cross", "model", None, ratio_scale=False, bi_encoder=False, sequences_per_block=1.0,
                      summary="the cross-encoder's score of each block alone with the query"),
         SelectorSpec("hybrid", "gateway", "keyrank.select.hybrid", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,

@@ -1,8 +1,10 @@
 """Dense selector: cosine between the query and each block under all-MiniLM-L6-v2.
 
-The bi-encoder runs in-process with ONNX Runtime (``models/gateway/bi_encoder/``,
-written by `keyrank prepare`); mean pooling and L2 normalisation are inside
-the graph, so a cosine is a dot product. Block embeddings are cached by
+The bi-encoder runs in-process (``models/gateway/bi_encoder/``, written by `keyrank prepare`):
+on OpenVINO in bfloat16 where the CPU computes it (AVX512_BF16, AMX) and OpenVINO is installed,
+2.5-3.5x ONNX Runtime's fp32 on this project's 2-core Xeon with the same block ranking, else on
+ONNX Runtime (``dense_runtime``; docs/PERFORMANCE.md section 7). Mean pooling and L2 normalisation
+are inside the graph, so a cosine is a dot product. Block embeddings are cached by
 (model, text): candidate sets repeat documents across requests, and a cached
 block costs nothing. Missing texts are sorted by length before batching so a
 batch pads to a similar length instead of to the longest block of the request.
@@ -10,7 +12,9 @@ batch pads to a similar length instead of to the longest block of the request.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,6 +26,7 @@ from tokenizers import Encoding, Tokenizer
 
 from keyrank import metrics
 from keyrank.errors import ModelAssetsMissing
+from keyrank.scoring import openvino
 from keyrank.scoring.local import run_options, session_options
 
 from typing import TYPE_CHECKING
@@ -30,6 +35,24 @@ if TYPE_CHECKING:
     from keyrank.select import SelectorContext
     from keyrank.segment import Spans
     from keyrank.tokenize import Encoded
+
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("auto", "onnxruntime", "openvino")
+"""``dense_runtime``: ``auto`` = OpenVINO where this CPU computes bfloat16 and OpenVINO is installed, else ONNX
+Runtime; ``openvino`` = OpenVINO (bf16 where the CPU has it, else f32); ``onnxruntime`` = ONNX Runtime fp32."""
+
+
+def pick_runtime(runtime: str) -> str:
+    """The runtime ``runtime`` names on this machine: ``onnxruntime`` or ``openvino``."""
+    if runtime not in RUNTIMES:
+        raise ValueError(f"unknown bi-encoder runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+    if runtime == "auto":
+        return "openvino" if openvino.bf16_supported() else "onnxruntime"
+    if runtime == "openvino" and not openvino.available():
+        raise ModelAssetsMissing("the bi-encoder's runtime is openvino, but OpenVINO is not installed (the embedded extra has it)")
+    return runtime
 
 
 def pad_batch(encodings: Sequence[Encoding], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -77,20 +100,36 @@ class EmbeddingCache:
 
 
 class DenseSelector:
-    """Scores blocks by cosine with the query (bi-encoder, ONNX Runtime, in-process). Thread-safe."""
+    """Scores blocks by cosine with the query (bi-encoder in-process, OpenVINO or ONNX Runtime). Thread-safe."""
 
-    def __init__(self, model_dir: Path, *, cache_size: int, batch_size: int = 64, threads: int = 0):
-        """``model_dir``: the bi-encoder folder, or the prepared model directory holding gateway/bi_encoder/."""
+    def __init__(self, model_dir: Path, *, cache_size: int, batch_size: int = 64, threads: int = 0, runtime: str = "auto"):
+        """``model_dir``: the bi-encoder folder, or the prepared model directory holding gateway/bi_encoder/;
+        ``runtime``: one of ``RUNTIMES``."""
         folder = _bi_encoder_folder(Path(model_dir))
         self.batch_size = batch_size
         """Texts per ONNX Runtime call."""
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self._tokenizer.no_padding()  # we pad per length-sorted batch
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
-        self._session = ort.InferenceSession(str(folder / "model.onnx"), session_options(threads), providers=["CPUExecutionProvider"])
-        self._inputs = [i.name for i in self._session.get_inputs()]
-        self.dim = int(self._session.get_outputs()[0].shape[1])
-        """Embedding width (384 for all-MiniLM-L6-v2)."""
+        self.runtime = pick_runtime(runtime)
+        """What computes the embeddings: ``openvino`` or ``onnxruntime``."""
+        if self.runtime == "openvino":
+            session = openvino.OpenVinoSession(folder / "model.onnx", precision="bf16", threads=threads)
+            self._inputs = list(session.input_names)
+            self._output = session.compiled.outputs[0].get_any_name()
+            self.dim = int(session.compiled.outputs[0].get_partial_shape()[1].get_length())
+            self._one_at_a_time: contextlib.AbstractContextManager = threading.Lock()  # one infer request
+            self.precision = session.precision
+        else:
+            session = ort.InferenceSession(str(folder / "model.onnx"), session_options(threads), providers=["CPUExecutionProvider"])
+            self._inputs = [i.name for i in session.get_inputs()]
+            self._output = session.get_outputs()[0].name
+            self.dim = int(session.get_outputs()[0].shape[1])
+            self._one_at_a_time = contextlib.nullcontext()  # ONNX Runtime sessions run concurrently
+            self.precision = "f32"
+        self._session = session
+        """``dim``: embedding width (384 for all-MiniLM-L6-v2); ``precision``: ``bf16`` or ``f32``."""
+        log.info("bi-encoder %s on %s (%s)", folder, self.runtime, self.precision)
         self.model_id = _model_identity(folder)
         """Cache key part: the exported weights' fingerprint, so a re-prepared model never reads stale vectors."""
         self.cache = EmbeddingCache(cache_size)
@@ -140,7 +179,8 @@ class DenseSelector:
             rows = order[start : start + self.batch_size]
             arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
             feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
-            (embedding,) = self._session.run(None, {name: feeds[name] for name in self._inputs}, run_options())
+            with self._one_at_a_time:
+                (embedding,) = self._session.run([self._output], {name: feeds[name] for name in self._inputs}, run_options())
             vectors[rows] = embedding
         return vectors
 
@@ -169,4 +209,4 @@ def build(context: SelectorContext) -> DenseSelector:
     if context.gateway_dir is None:
         raise ModelAssetsMissing("the dense selector needs a prepared model folder (keyrank prepare)")
     return DenseSelector(context.gateway_dir / "bi_encoder", cache_size=s.dense_cache_size, batch_size=s.dense_batch_size,
-                         threads=s.dense_threads)
+                         threads=s.dense_threads, runtime=s.dense_runtime)
