@@ -42,13 +42,17 @@ def _counter(counter) -> float:
     return counter.labels(cache="dense")._value.get()
 
 
-def test_a_questions_own_paragraph_ranks_above_paragraphs_of_other_articles(selector, articles):
+def _own_paragraph_ranks_first(selector: DenseSelector, articles: list[dict]) -> None:
     # One paragraph per article as the candidate blocks; each article's first answerable question.
     paragraphs = [a["paragraphs"][0]["context"] for a in articles]
     for index, article in enumerate(articles):
         question = next(q["question"] for q in article["paragraphs"][0]["qas"] if not q.get("is_impossible"))
         (scores,) = selector.score_blocks(question, [paragraphs])
         assert int(np.argmax(scores)) == index, (question, article["title"])
+
+
+def test_a_questions_own_paragraph_ranks_above_paragraphs_of_other_articles(selector, articles):
+    _own_paragraph_ranks_first(selector, articles)
 
 
 def test_the_answer_sentence_ranks_in_the_top_three_blocks_of_its_paragraph(selector, articles):
@@ -151,12 +155,7 @@ def test_openvino_embeddings_stay_within_bf16_rounding_and_rank_alike(selector, 
     fp32, ours = selector.embed(texts), on_openvino.embed(texts)
     assert ours.dtype == np.float32 and ours.shape == fp32.shape
     assert np.abs(ours - fp32).max() < 1e-2 and float(np.min(np.sum(ours * fp32, axis=1))) > 0.999
-    # The test above, on OpenVINO: every question's own paragraph still ranks first among the articles'.
-    paragraphs = [a["paragraphs"][0]["context"] for a in articles]
-    for index, article in enumerate(articles):
-        question = next(q["question"] for q in article["paragraphs"][0]["qas"] if not q.get("is_impossible"))
-        (scores,) = on_openvino.score_blocks(question, [paragraphs])
-        assert int(np.argmax(scores)) == index, (question, article["title"])
+    _own_paragraph_ranks_first(on_openvino, articles)  # every question's own paragraph still ranks first
 
 
 def test_auto_takes_openvino_only_where_the_cpu_computes_bf16(prepared_models, monkeypatch):
