@@ -2,12 +2,12 @@
 
 The bi-encoder runs in-process (``models/gateway/bi_encoder/``, written by `keyrank prepare`):
 on OpenVINO in bfloat16 where the CPU computes it (AVX512_BF16, AMX) and OpenVINO is installed,
-2.5-3.5x ONNX Runtime's fp32 on this project's 2-core Xeon with the same block ranking, else on
+2.6x ONNX Runtime's fp32 on this project's 2-core Xeon with the same nDCG@10 on dev, else on
 ONNX Runtime (``dense_runtime``; docs/PERFORMANCE.md section 7). Mean pooling and L2 normalisation
 are inside the graph, so a cosine is a dot product. Block embeddings are cached by
 (model, text): candidate sets repeat documents across requests, and a cached
-block costs nothing. Missing texts are sorted by length before batching so a
-batch pads to a similar length instead of to the longest block of the request.
+block costs nothing. Missing texts are batched by token length, texts of one length together, so no
+batch is padded and a text's vector never depends on the others of its request.
 """
 
 from __future__ import annotations
@@ -167,16 +167,20 @@ class DenseSelector:
             return []
         flat = [text for blocks in block_texts for text in blocks]
         vectors = self.embed([query, *flat])
-        scores = vectors[1:] @ vectors[0]
+        scores = (vectors[1:] * vectors[0]).sum(axis=1)  # row by row: a matrix product rounds a row by its place
         bounds = np.cumsum([len(blocks) for blocks in block_texts], dtype=np.int64)[:-1]
         return np.split(scores.astype(np.float32), bounds)
 
     def _compute(self, texts: list[str]) -> np.ndarray:
+        """Texts of one token length run together, never padded: a text's vector then does not depend on the
+        other texts of the call (in bf16 a padded batch moves it by ~1e-4, enough to swap two nearly tied blocks
+        and make a document's score depend on the other candidates)."""
         encodings = self._tokenizer.encode_batch(texts)
-        order = np.argsort([len(e.ids) for e in encodings], kind="stable")
+        lengths = np.array([len(e.ids) for e in encodings])
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        batches = [group[start : start + self.batch_size] for length in np.unique(lengths)
+                   for group in [np.flatnonzero(lengths == length)] for start in range(0, len(group), self.batch_size)]
+        for rows in batches:
             arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
             feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
             with self._one_at_a_time:
