@@ -107,9 +107,9 @@ class DenseSelector:
         ``runtime``: one of ``RUNTIMES``."""
         folder = _bi_encoder_folder(Path(model_dir))
         self.batch_size = batch_size
-        """Texts per ONNX Runtime call."""
+        """Texts per bi-encoder run."""
         self._tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self._tokenizer.no_padding()  # we pad per length-sorted batch
+        self._tokenizer.no_padding()  # a batch holds texts of one length (_compute)
         self._pad_id = self._tokenizer.token_to_id("[PAD]") or 0
         self.runtime = pick_runtime(runtime)
         """What computes the embeddings: ``openvino`` or ``onnxruntime``."""
@@ -178,14 +178,15 @@ class DenseSelector:
         encodings = self._tokenizer.encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encodings])
         vectors = np.empty((len(texts), self.dim), dtype=np.float32)
-        batches = [group[start : start + self.batch_size] for length in np.unique(lengths)
-                   for group in [np.flatnonzero(lengths == length)] for start in range(0, len(group), self.batch_size)]
-        for rows in batches:
-            arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
-            feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
-            with self._one_at_a_time:
-                (embedding,) = self._session.run([self._output], {name: feeds[name] for name in self._inputs}, run_options())
-            vectors[rows] = embedding
+        for length in np.unique(lengths):
+            group = np.flatnonzero(lengths == length)
+            for start in range(0, len(group), self.batch_size):
+                rows = group[start : start + self.batch_size]
+                arrays = pad_batch([encodings[r] for r in rows], self._pad_id)
+                feeds = {name: array for name, array in zip(("input_ids", "attention_mask", "token_type_ids"), arrays)}
+                with self._one_at_a_time:
+                    (embedding,) = self._session.run([self._output], {name: feeds[name] for name in self._inputs}, run_options())
+                vectors[rows] = embedding
         return vectors
 
 
