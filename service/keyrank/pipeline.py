@@ -224,7 +224,7 @@ class Pipeline:
     def assemble(self, cut: Cut) -> list[Passage]:
         """The passages each document contributes, grouped by document (the strategy's cut)."""
         r = cut.resolved
-        terms = {"anchors": self.anchors(cut.query), "breaks": self.break_costs} if r.spec.cut.reads_query_terms else {}
+        terms = {"anchors": self.anchors(cut.query)} if r.spec.cut.reads_query_terms else {}
         return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector, **terms)
 
     def anchors(self, query: Encoded) -> np.ndarray:

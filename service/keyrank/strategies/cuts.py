@@ -217,15 +217,12 @@ class KeyBlocksCut(BlockCut):
     name = "key-blocks"
     reads_query_terms = True
 
-    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None, breaks=None):
-        """``anchors``: with ``keyb2_blocks_lead`` set, an input inside a document starts at the query (``lead_trimmed``);
-        ``breaks``: the vocabulary's break costs, for ``keyb2_blocks_sentence``."""
-        passages = key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget,
-                                      settings.keyb2_keep_lead)
+    def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
+        """``anchors``: with ``keyb2_blocks_lead`` set, an input inside a document starts at the query (``lead_trimmed``)."""
+        passages = key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
         if settings.keyb2_blocks_lead is None or anchors is None:
             return passages
-        sentence = None if breaks is None or settings.keyb2_blocks_sentence is None else (breaks, settings.keyb2_blocks_sentence)
-        return lead_trimmed(passages, docs, anchors, settings.keyb2_blocks_lead, sentence)
+        return lead_trimmed(passages, docs, anchors, settings.keyb2_blocks_lead)
 
     def sequences(self, tokens, window, plan):
         """Each input is charged its share of a full one: (its blocks + query + frame) / ``window``, plus the

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from keyrank.segment import SENTENCE_END_COST, Spans, best_indices, break_costs
+from keyrank.segment import Spans, best_indices
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select.duplicates import ChosenSets
 from keyrank.select.shared import shared_blocks
@@ -130,7 +130,7 @@ def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_score
 
 
 def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], most: int,
-                       span: int = 1, fits: int | None = None, keep_lead: bool = False) -> list[Passage]:
+                       span: int = 1, fits: int | None = None) -> list[Passage]:
     """keyb2-blocks: each document's ``most`` best blocks by the selector (ties: the earlier), in document order;
     chosen blocks that follow each other in the text are one passage, up to ``span`` blocks and ``fits`` document
     tokens (a passage cut across block boundaries keeps its context; ``span`` 1: each block alone). A document
@@ -138,8 +138,6 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
     out = []
     for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
         chosen = best_indices(scores, most).tolist()
-        if keep_lead and chosen and chosen[0] != 0:
-            chosen = [0] + chosen
         if not chosen:
             out.append(_empty(doc))
             continue
@@ -149,8 +147,7 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
     return out
 
 
-def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: np.ndarray, lead: int,
-                 sentence: tuple[np.ndarray, int] | None = None) -> list[Passage]:
+def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: np.ndarray, lead: int) -> list[Passage]:
     """keyb2-blocks' inputs with the text before the query left out where an input does not open its document:
     it starts ``lead`` tokens before the first of ``anchors`` (the query's rare term ids) it holds, its blocks
     before that one dropped. The segmentation cuts only where a block must end, so a passage deep in a document
@@ -159,7 +156,6 @@ def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: 
     if not len(anchors):
         return list(passages)
     at_anchor: dict[int, np.ndarray] = {}  # per document: which tokens are anchors (one np.isin a document)
-    ends_sentence: dict[int, np.ndarray] = {}
     out = []
     for p in passages:
         start = int(p.starts[0]) if len(p.starts) else 0
@@ -167,18 +163,8 @@ def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: 
             if p.doc not in at_anchor:
                 at_anchor[p.doc] = np.isin(docs[p.doc].ids, anchors)
             hits = np.flatnonzero(at_anchor[p.doc][start:int(p.ends[-1])])  # a run's blocks follow each other
-            begin = None
-            if hits.size and sentence is not None:
-                if p.doc not in ends_sentence:
-                    ends_sentence[p.doc] = break_costs(docs[p.doc], sentence[0]) <= SENTENCE_END_COST
-                first = start + int(hits[0])
-                lo = max(start, first - sentence[1])
-                ends = np.flatnonzero(ends_sentence[p.doc][lo:first])
-                if ends.size:
-                    begin = lo + int(ends[-1]) + 1
-            if begin is None and hits.size and hits[0] > lead:
+            if hits.size and hits[0] > lead:
                 begin = start + int(hits[0]) - lead
-            if begin is not None and begin > start:
                 keep = p.ends > begin
                 starts = p.starts[keep].copy()
                 starts[0] = max(int(starts[0]), begin)
