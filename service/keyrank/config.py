@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     bm25_idf: Literal["document", "table", "general", "request"] = Field("document", description="Where BM25's IDF comes from: 'document' = the document's own blocks; 'table' = bm25_idf_table (`keyrank idf`); 'general' = the table shipped with keyrank; 'request' = all blocks of the request's candidates (a document's score then depends on the others). All but 'request' give a document the same score in any request (docs/SELECTION.md).")
     bm25_idf_table: Path | None = Field(None, description="JSON {term: idf} (`keyrank idf --docs corpus.jsonl --out idf.json`) for bm25_idf=table; setting it alone selects 'table'.")
     dense_cache_size: int = Field(200_000, description="Block embeddings kept in the dense selector's LRU cache.")
-    dense_batch_size: int = Field(64, description="Blocks per bi-encoder run.")
+    dense_batch_size: int = Field(64, description="Blocks per bi-encoder run on OpenVINO; ONNX Runtime always runs 8 (select/dense.py, ORT_ROWS: the same vectors whatever the other blocks).")
     dense_threads: int = Field(0, description="Threads of the bi-encoder's runtime; 0 = its default (OpenVINO: the usable cores).")
     dense_runtime: Literal["auto", "onnxruntime", "openvino"] = Field("auto", description="What runs the dense selector's bi-encoder: 'auto' = OpenVINO in bf16 where the CPU computes bfloat16 (AVX512_BF16, AMX) and OpenVINO is installed, else ONNX Runtime fp32; 'openvino' (bf16 where the CPU has it, else f32); 'onnxruntime' (fp32). Measured: docs/PERFORMANCE.md section 7.")
     hybrid_rrf_k: float = Field(60.0, description="Reciprocal rank fusion constant of the hybrid selector (BM25 + dense; Cormack et al. use 60).")
