@@ -3,6 +3,8 @@ embedded Triton serving them (started once, on free loopback ports)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from pathlib import Path
 
@@ -101,6 +103,14 @@ def reranker(prepared_models: Path, embedded_triton):
 @pytest.fixture(scope="session")
 def gateway_url(prepared_models: Path, embedded_triton):
     """A real uvicorn gateway (real HTTP on a free loopback port) over the session's Triton."""
+    with serve_gateway(prepared_models, embedded_triton.grpc_url) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_gateway(model_dir: Path, triton_url: str, **settings):
+    """A real uvicorn gateway on a free loopback port over ``triton_url``, with ``settings`` overriding the
+    defaults; yields its URL and stops it on exit."""
     import socket
     import threading
     import time
@@ -113,20 +123,22 @@ def gateway_url(prepared_models: Path, embedded_triton):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    settings = Settings(model_dir=Path(prepared_models), triton_url=embedded_triton.grpc_url, port=port)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    config = Settings(model_dir=Path(model_dir), triton_url=triton_url, port=port, **settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, name="gateway", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    else:
-        pytest.fail("gateway did not start")
-    yield url
-    server.should_exit = True
-    thread.join(timeout=15)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("gateway did not start")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
