@@ -4,7 +4,6 @@ embedded Triton serving them (started once, on free loopback ports)."""
 from __future__ import annotations
 
 import contextlib
-
 import os
 from pathlib import Path
 

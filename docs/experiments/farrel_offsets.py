@@ -95,15 +95,12 @@ def main() -> None:
 
 def first_terms(queries, runs, ndcg, tokenizer, lead: int) -> None:
     """The ``--first-terms`` table (module doc)."""
-    from keyrank.pipeline import ANCHOR_MIN_IDF  # noqa: PLC0415
-    from keyrank.select.bm25 import general_table, term_mask  # noqa: PLC0415
+    from keyrank.pipeline import rare_terms  # noqa: PLC0415
+    from keyrank.select.bm25 import term_mask  # noqa: PLC0415
 
-    is_term, table = term_mask(tokenizer), general_table(tokenizer)
+    is_term = term_mask(tokenizer)
 
-    def first_rare(q, doc_id) -> int:
-        query = tokenizer.encode_query(q.query, 64).ids
-        terms = np.unique(query[is_term[query]])
-        terms = terms[table.lookup(terms) >= ANCHOR_MIN_IDF]
+    def first_rare(q, doc_id, terms) -> int:
         start, end = q.meta["inserts"][doc_id]
         text = next(c for c in q.candidates if c.doc_id == doc_id).text[start:end]
         hits = np.flatnonzero(np.isin(tokenizer.encode_documents([text])[0].ids, terms))
@@ -113,11 +110,12 @@ def first_terms(queries, runs, ndcg, tokenizer, lead: int) -> None:
     for run in runs:
         q = queries[run["qid"]]
         target, scores = next(iter(q.qrels)), run["scores"]
+        terms = rare_terms(tokenizer.encode_query(q.query, 64).ids, is_term, tokenizer)
         row = rows[q.bucket]
-        row["near" if 0 <= first_rare(q, target) <= lead else "far"].append(ndcg[run["qid"]]["nDCG@10"])
+        row["near" if 0 <= first_rare(q, target, terms) <= lead else "far"].append(ndcg[run["qid"]]["nDCG@10"])
         for c in q.candidates:
             if c.doc_id != target:
-                past = first_rare(q, c.doc_id) > lead
+                past = first_rare(q, c.doc_id, terms) > lead
                 row["distractors"].append(past)
                 if scores[c.doc_id] > scores[target]:
                     row["above"].append(past)

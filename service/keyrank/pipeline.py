@@ -231,8 +231,7 @@ class Pipeline:
         """The query's rare terms: its BM25 term ids whose IDF in the general table (select/idf.py) is at least
         ``ANCHOR_MIN_IDF``, so question words and other common pieces do not count (a term the table lacks
         counts as rare)."""
-        terms = np.unique(query.ids[self.is_term[query.ids]])
-        return terms[general_table(self.tokenizer).lookup(terms) >= ANCHOR_MIN_IDF]
+        return rare_terms(query.ids, self.is_term, self.tokenizer)
 
     def inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> ModelInputs:
         """The model's template around the query and each passage's token ranges."""
@@ -338,3 +337,10 @@ def check_served_defaults(settings: Settings) -> None:
         if manifest.is_file():
             template = load_template(json.loads(manifest.read_text()), each.gateway_dir)
             check_defaults(each, template, each.gateway_dir, f"the model in {folder}")
+
+
+def rare_terms(ids: np.ndarray, is_term: np.ndarray, tokenizer: TextTokenizer) -> np.ndarray:
+    """``Pipeline.anchors`` for any token ids: the unique ones ``is_term`` keeps whose general-table IDF is at
+    least ``ANCHOR_MIN_IDF``."""
+    terms = np.unique(ids[is_term[ids]])
+    return terms[general_table(tokenizer).lookup(terms) >= ANCHOR_MIN_IDF]

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ORT_ROWS = 8
-"""Texts in every ONNX Runtime batch. On the AVX2 EPYC, with 16-78-token texts, 8 a batch ran at 0.88-1.22x the
-speed of 64 (faster from 44 tokens on, the length of most blocks) and 1.25-1.9x faster than one at a time; a text's vector was the same bit for bit at any place in a batch
-of 8 with any others (2026-11-27)."""
+"""Texts in every ONNX Runtime batch. On the AVX2 EPYC, with 16-78-token texts, 8 a batch ran at 0.88-1.22x
+the speed of 64 (faster from 44 tokens on, the length of most blocks) and 1.25-1.9x faster than one at a time;
+a text's vector was the same bit for bit at any place in a batch of 8 with any others (2026-11-27)."""
 RUNTIMES = ("auto", "onnxruntime", "openvino")
 """``dense_runtime``: ``auto`` = OpenVINO where this CPU computes bfloat16 and OpenVINO is installed, else ONNX
 Runtime; ``openvino`` = OpenVINO (bf16 where the CPU has it, else f32); ``onnxruntime`` = ONNX Runtime fp32."""
