@@ -1,0 +1,72 @@
+"""keyb2-blocks' inputs folded other ways than PARADE-max: do several inputs' evidence add up?
+
+    PYTHONPATH=service python docs/experiments/blocks_folds.py <keyrank eval arguments, without --strategies>
+
+keyb2-blocks reads a document's best blocks in short inputs and scores it with the classifier head on the
+element-wise max of their pooled vectors. Averaging reads long meetings better (several relevant inputs
+count) but loses a lone relevant passage among filler. This runs `keyrank eval` with keyb2-blocks and the
+same reading under other folds, each a system of the run; every fold reads the very same inputs, so the
+evaluation's memo scores them once:
+
+- `kbf-pmax`: PARADE-max, what keyb2-blocks serves (a control: it must read as keyb2-blocks does);
+- `kbf-max`: the best input's logit;
+- `kbf-lse`: log-sum-exp of the inputs' logits (a soft max: a second strong input adds, a weak one hardly);
+- `kbf-pmax-lse`: PARADE-max plus what log-sum-exp adds to the max logit;
+- `kbf-pmix`: the head on the mean of the max and the mean pooled vectors;
+- `kbf-top2`: the mean of the two best logits (one input: its logit).
+
+A diagnostic for choosing on dev: nothing in the product changes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from keyrank import reranker
+from keyrank.aggregate import Aggregated, aggregate
+from keyrank.evaluation import cli
+from keyrank.strategies import REGISTRY
+
+FOLDS = ("pmax", "max", "lse", "pmax-lse", "pmix", "top2")
+
+
+def folded(method, doc_of, logits, pooled, head, trained):
+    """``aggregate`` with the folds above (``kbf-<fold>``) besides its own methods."""
+    if not method.startswith("kbf-"):
+        return aggregate(method, doc_of, logits, pooled, head, trained)
+    fold = method[4:]
+    base = aggregate("parade-max", doc_of, logits, pooled, head, trained)
+    logits = np.asarray(logits, dtype=np.float64)
+    firsts = np.flatnonzero(np.concatenate(([True], doc_of[1:] != doc_of[:-1])))
+    groups = np.split(logits, firsts[1:])
+    best = np.array([g.max() for g in groups])
+    lse = np.array([g.max() + np.log(np.exp(g - g.max()).sum()) for g in groups])
+    if fold == "pmax":
+        scores = base.scores
+    elif fold == "max":
+        scores = best
+    elif fold == "lse":
+        scores = lse
+    elif fold == "pmax-lse":
+        scores = base.scores + (lse - best)
+    elif fold == "pmix":
+        p = np.asarray(pooled, dtype=np.float64)
+        counts = np.diff(np.append(firsts, len(doc_of)))
+        scores = head((np.maximum.reduceat(p, firsts, axis=0) + np.add.reduceat(p, firsts, axis=0) / counts[:, None]) / 2)
+    elif fold == "top2":
+        scores = np.array([np.sort(g)[-2:].mean() for g in groups])
+    else:
+        raise ValueError(fold)
+    return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=base.best)
+
+
+if __name__ == "__main__":
+    names = tuple(f"kbf-{f}" for f in FOLDS)
+    for name in names:
+        REGISTRY[name] = replace(REGISTRY["keyb2-blocks"], name=name, aggregation=name, needs_pooled=True)
+    reranker.aggregate = folded
+    cli.STRATEGIES = tuple(cli.STRATEGIES) + names
+    sys.exit(cli.main([*sys.argv[1:], "--strategies", *names]))
