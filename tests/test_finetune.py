@@ -157,7 +157,7 @@ def test_dl20_split_holds_back_the_reported_topics():
     assert not any(splits.qmsum_dev_meeting(m) for m in ("Bdb001", "Bed004")) and splits.qmsum_dev_meeting("Bed009")
 
 
-@pytest.mark.parametrize("method", ["single", "max"])
+@pytest.mark.parametrize("method", ["single", "max", "lse"])
 def test_training_folds_window_scores_like_the_served_aggregation(method):
     from keyrank.aggregate import aggregate
     from keyrank.training.model import fold
@@ -167,9 +167,14 @@ def test_training_folds_window_scores_like_the_served_aggregation(method):
     scores = fold(method, logits, None, doc_of, int(doc_of[-1]) + 1)
     np.testing.assert_allclose(scores.detach().numpy(), aggregate(method, doc_of, logits.detach().numpy()).scores)
     scores.sum().backward()
-    # MaxP trains only each document's best window (RankLLaMA-MaxP); the others get no gradient.
     best = aggregate(method, doc_of, logits.detach().numpy()).best
-    assert set(np.flatnonzero(logits.grad.numpy())) == set(best.tolist())
+    if method == "lse":  # each sequence gets its softmax share within its document, which sums to one
+        grad = logits.grad.numpy()
+        assert np.all(grad > 0) and np.allclose(np.bincount(doc_of, weights=grad), 1.0) and grad[best].min() >= 1 / 3
+    else:  # MaxP trains only each document's best window (RankLLaMA-MaxP); the others get no gradient.
+        assert set(np.flatnonzero(logits.grad.numpy())) == set(best.tolist())
+    big = fold(method, logits.detach() + 800.0, None, doc_of, int(doc_of[-1]) + 1)  # exp(800) overflows float64
+    np.testing.assert_allclose(big.numpy(), scores.detach().numpy() + 800.0)
 
 
 @pytest.mark.parametrize("method", ["parade-max", "parade-avg"])

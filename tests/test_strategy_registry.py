@@ -132,9 +132,14 @@ def test_keyb2_reads_the_selected_blocks_in_one_sequence(counting):
     assert any(doc[e.start : e.end].startswith(MARKER) for e in evidence)
 
 
-def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_parade_max(counting):
+def _lse(counts) -> float:
+    return float(np.logaddexp.reduce(np.asarray(counts, dtype=np.float64)))
+
+
+def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_log_sum_exp(counting):
     # Three sentences carry the query's words (BM25's best blocks), two of them markers: read together (keyb2)
-    # the markers add up; read alone, each block is its own short sequence and PARADE-max keeps the largest.
+    # the markers add up; read alone, each block is its own short sequence and log-sum-exp folds their scores:
+    # about the largest, a little more for the second marked block, hardly anything for the unmarked ones.
     doc = " ".join(["cats sleep all day long in warm sun."] * 6 + [f"{MARKER} where is the mill?"]
                    + ["dogs bark at night near the gate."] * 4 + [f"{MARKER} {MARKER} {MARKER} the mill is here."]
                    + ["cats sleep all day long in warm sun."] * 3 + ["the mill by the river."])
@@ -145,10 +150,10 @@ def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_parade_max(coun
     counts = _marker_counts(alone)
     blocks = len(counting.pipeline.cut("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])
     assert len(lengths) == min(8, blocks) and max(lengths) <= 8 + 3 + 12  # query + frame + one block
-    assert sorted(counts)[-2:] == [1, 3] and score == 3
+    assert sorted(counts)[-2:] == [1, 3] and score == pytest.approx(_lse(counts)) and 3 < score < 3.5
     one = _counting_with(counting, keyb2_blocks=1)
     score_one, lengths_one = _score(one, "keyb2-blocks", doc)
-    assert len(lengths_one) == 1 and score_one == 1  # BM25's best block: the one with the most query words
+    assert len(lengths_one) == 1 and score_one == 1  # BM25's best block, alone: its own score
     evidence = alone.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
     assert [doc[e.start : e.end].split()[:3] for e in evidence] == [[MARKER] * 3]  # the block the max came from
 
@@ -159,11 +164,13 @@ def test_keyb2_blocks_reads_adjacent_chosen_blocks_together_up_to_its_span(count
     doc = " ".join(["cats sleep all day long in warm sun."] * 5 + [f"{MARKER} {MARKER} where is the mill?",
                     f"{MARKER} {MARKER} the mill is here."] + ["dogs bark at night near the gate."] * 5
                    + ["the mill by the river."])
-    alone, lengths_alone = _score(_counting_with(counting, keyb2_blocks=3, keyb2_blocks_span=1), "keyb2-blocks", doc)
-    assert alone == 2 and len(lengths_alone) == 3
+    single = _counting_with(counting, keyb2_blocks=3, keyb2_blocks_span=1)
+    alone, lengths_alone = _score(single, "keyb2-blocks", doc)
+    assert sorted(_marker_counts(single)) == [0, 2, 2] and alone == pytest.approx(_lse([0, 2, 2])) and len(lengths_alone) == 3
     paired = _counting_with(counting, keyb2_blocks=3, keyb2_blocks_span=2)
     score, lengths = _score(paired, "keyb2-blocks", doc)
-    assert score == 4 and sorted(_marker_counts(paired)) == [0, 4] and len(lengths) == 2
+    assert sorted(_marker_counts(paired)) == [0, 4] and score == pytest.approx(_lse([0, 4])) and len(lengths) == 2
+    assert score > alone  # one input reading both halves of the passage beats two reading one each
     evidence = paired.rank("where is the mill", [doc], strategy="keyb2-blocks").results[0].evidence
     assert [doc[e.start : e.end].split()[:2] for e in evidence] == [[MARKER] * 2] * 2  # both blocks of the run
     # A run never holds more than fits next to the query (64 tokens an input here): 8 blocks of ~11 split.
@@ -251,7 +258,7 @@ PINNED = {
     "parade-transformer": ("sliding", "trained"),
     "keyb2-parade-max": ("blocks", "parade-max"),
     "keyb2-parade-avg": ("blocks", "parade-avg"),
-    "keyb2-blocks": ("key-blocks", "parade-max"),
+    "keyb2-blocks": ("key-blocks", "lse"),
     "longp": ("whole", "single"),
     "cedr-knrm": ("disjoint", "trained"),
     "cedr-drmm": ("disjoint", "trained"),
@@ -264,7 +271,7 @@ PINNED = {
 def test_registry_rows_match_the_behaviour_pinned_above(name):
     spec = REGISTRY[name]
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
-    assert spec.needs_pooled == ("parade" in name or name == "keyb2-blocks" or spec.features is not None)
+    assert spec.needs_pooled == ("parade" in name or spec.features is not None)
     # The interaction strategies are scored by their own graph, which training writes beside their head.
     assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"))
     assert spec.features is None or spec.features in spec.trained_parts

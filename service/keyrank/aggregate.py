@@ -1,7 +1,8 @@
 """Stage 6: fold the scores of a document's sequences into one score.
 
 ``max`` (MaxP), ``sum`` (SumP), ``mean`` (AvgP), ``single`` (FirstP, KeyB2: one
-sequence per document), and PARADE-Max / PARADE-Avg (Li et al., 2020): the
+sequence per document), ``lse`` (log-sum-exp: a soft max, where a second strong sequence adds and a weak
+one hardly does; keyb2-blocks), and PARADE-Max / PARADE-Avg (Li et al., 2020): the
 element-wise max / mean of the windows' pooled [CLS] vectors, put through the
 cross-encoder's own classification head; ``trained``: a learned aggregator over the
 pooled vectors (PARADE-Attn / PARADE-Transformer, aggregators.py). Vectorised with ``reduceat`` over the
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("single", "max", "sum", "mean", "parade-max", "parade-avg", "trained")
+METHODS = ("single", "max", "sum", "mean", "lse", "parade-max", "parade-avg", "trained")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ def aggregate(
         scores = np.add.reduceat(logits, firsts)
     elif method == "mean":
         scores = np.add.reduceat(logits, firsts) / counts
+    elif method == "lse":
+        scores = np.logaddexp.reduceat(logits, firsts)
     elif method == "trained":
         if pooled is None or trained is None:
             raise ValueError("'trained' aggregation needs the pooled vectors and a trained aggregator")

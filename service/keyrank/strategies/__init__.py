@@ -103,11 +103,11 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2-parade-avg", BLOCKS, "parade-avg", needs_pooled=True, least_passes=2,
                      summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
                              "pooled vector"),
-        StrategySpec("keyb2-blocks", KEY_BLOCKS, "parade-max", needs_pooled=True,
+        StrategySpec("keyb2-blocks", KEY_BLOCKS, "lse",
                      summary="the selector's best `keyb2_blocks` blocks (6), in short sequences with the query: chosen "
                              "blocks that follow each other read together, up to `keyb2_blocks_span` (4), an input inside the "
                              "document from `keyb2_blocks_lead` (4) tokens before the first rare query term it holds; "
-                             "classifier head on the element-wise max of their pooled vectors (the default)"),
+                             "log-sum-exp of their scores, a soft max where a second strong input adds (the default)"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),

@@ -25,8 +25,8 @@ pass (``aggregate``'s ``max``; with one pass that is its only score).
 
 ``keyb2-blocks`` reads the same selection differently (``key_block_passages``): the
 ``keyb2_blocks`` best blocks in short inputs with the query, those that follow each other
-in the text together (up to ``keyb2_blocks_span``), whose pooled vectors PARADE's max folds
-into one (docs/EXPERIMENTS.md, 2026-11-27).
+in the text together (up to ``keyb2_blocks_span``), whose scores log-sum-exp folds into one
+(aggregate.py; docs/EXPERIMENTS.md, 2026-11-27).
 """
 
 from __future__ import annotations

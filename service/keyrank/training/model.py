@@ -4,8 +4,9 @@ The forward that training differentiates is the export's own module
 (``LogitsAndPooled``: the HF model, its logits and the vector its final Linear
 reads; ``YesNoLastToken`` for decoder rerankers), so what is trained is what
 the ONNX graph computes. Document scores per strategy: one sequence (firstp,
-keyb2), the max over windows (maxp), PARADE-max over the pooled vectors through the
-model's own head (keyb2-blocks), or a PARADE aggregator over the windows' pooled vectors.
+keyb2), the max over windows (maxp), log-sum-exp of the inputs' logits (keyb2-blocks),
+PARADE-max/-avg over the pooled vectors through the model's own head, or a PARADE aggregator
+over the windows' pooled vectors.
 """
 
 from __future__ import annotations
@@ -131,6 +132,11 @@ def fold(method: str, relevance: torch.Tensor, pooled: torch.Tensor | None, doc_
         index = torch.as_tensor(doc_of, device=relevance.device)
         init = torch.full((n_docs,), float("-inf"), device=relevance.device, dtype=relevance.dtype)
         return init.scatter_reduce(0, index, relevance, reduce="amax", include_self=True)
+    if method == "lse":  # log of the summed exp, shifted by each document's max so that nothing overflows
+        best = fold("max", relevance.detach(), None, doc_of, n_docs)
+        index = torch.as_tensor(doc_of, device=relevance.device)
+        spread = torch.zeros(n_docs, device=relevance.device, dtype=relevance.dtype)
+        return best + spread.index_add(0, index, torch.exp(relevance - best[index])).log()
     if method == "trained":
         padded, mask = pad_pooled(pooled, doc_of, n_docs)
         return aggregator(padded, mask)
