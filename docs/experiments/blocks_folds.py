@@ -2,15 +2,16 @@
 
     PYTHONPATH=service python docs/experiments/blocks_folds.py <keyrank eval arguments, without --strategies>
 
-keyb2-blocks reads a document's best blocks in short inputs and scores it with the classifier head on the
-element-wise max of their pooled vectors. Averaging reads long meetings better (several relevant inputs
+keyb2-blocks reads a document's best blocks in short inputs; when this was written it scored a document
+with the classifier head on the element-wise max of their pooled vectors (PARADE-max). Averaging reads long meetings better (several relevant inputs
 count) but loses a lone relevant passage among filler. This runs `keyrank eval` with keyb2-blocks and the
 same reading under other folds, each a system of the run; every fold reads the very same inputs, so the
 evaluation's memo scores them once:
 
-- `kbf-pmax`: PARADE-max, what keyb2-blocks serves (a control: it must read as keyb2-blocks does);
+- `kbf-pmax`: PARADE-max, what keyb2-blocks served then (a control: it read as keyb2-blocks did);
 - `kbf-max`: the best input's logit;
-- `kbf-lse`: log-sum-exp of the inputs' logits (a soft max: a second strong input adds, a weak one hardly);
+- `kbf-lse`: log-sum-exp of the inputs' logits (a soft max: a second strong input adds, a weak one hardly;
+  chosen, now ``aggregate``'s ``lse`` and what keyb2-blocks serves);
 - `kbf-pmax-lse`: PARADE-max plus what log-sum-exp adds to the max logit;
 - `kbf-pmix`: the head on the mean of the max and the mean pooled vectors;
 - `kbf-top2`: the mean of the two best logits (one input: its logit).
@@ -39,11 +40,9 @@ def folded(method, doc_of, logits, pooled, head, trained):
         return aggregate(method, doc_of, logits, pooled, head, trained)
     fold = method[4:]
     base = aggregate("parade-max", doc_of, logits, pooled, head, trained)
-    logits = np.asarray(logits, dtype=np.float64)
+    best = aggregate("max", doc_of, logits).scores
+    lse = aggregate("lse", doc_of, logits).scores
     firsts = np.flatnonzero(np.concatenate(([True], doc_of[1:] != doc_of[:-1])))
-    groups = np.split(logits, firsts[1:])
-    best = np.array([g.max() for g in groups])
-    lse = np.array([g.max() + np.log(np.exp(g - g.max()).sum()) for g in groups])
     if fold == "pmax":
         scores = base.scores
     elif fold == "max":
@@ -57,7 +56,7 @@ def folded(method, doc_of, logits, pooled, head, trained):
         counts = np.diff(np.append(firsts, len(doc_of)))
         scores = head((np.maximum.reduceat(p, firsts, axis=0) + np.add.reduceat(p, firsts, axis=0) / counts[:, None]) / 2)
     elif fold == "top2":
-        scores = np.array([np.sort(g)[-2:].mean() for g in groups])
+        scores = np.array([np.sort(g)[-2:].mean() for g in np.split(np.asarray(logits, dtype=np.float64), firsts[1:])])
     else:
         raise ValueError(fold)
     return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=base.best)
