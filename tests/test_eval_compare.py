@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keyrank.evaluation.compare import main, paired_difference
+from keyrank.evaluation.compare import load, main, merged_report, paired_difference
 
 
 def _system(ndcg: float, by_bucket: dict[str, float]) -> dict:
@@ -56,3 +56,17 @@ def test_tables_diffs_and_bare_ratios_come_from_the_run_folders(tmp_path, capsys
     assert "| keyb2-bm25 | ft | 0.800 | 1.00 | 0.50 | 0.50 | 0.500 [0.300, 0.700] | 0.120 | 0.001 |" in out
     with pytest.raises(SystemExit, match="no system 'parade-attn'"):
         main([f"base={base}", "--diff", "base:parade-attn", "base:maxp"])
+
+
+def test_plot_draws_every_label_and_system_of_the_runs_as_one_point(tmp_path, capsys):
+    k2 = _run(tmp_path / "k2", {"keyb2-blocks-bm25": {"q1": 0.5, "q2": 0.7, "q3": 0.6, "q4": 0.6}})
+    k8 = _run(tmp_path / "k8", {"keyb2-blocks-bm25": {"q1": 0.8, "q2": 0.8, "q3": 0.7, "q4": 0.7},
+                                "maxp": {"q1": 0.6, "q2": 0.6, "q3": 0.6, "q4": 0.6}})
+    assert main([f"k2={k2}", f"k8={k8}", "--plot", str(tmp_path / "fig")]) == 0
+    figure = tmp_path / "fig" / "qmsum_quality_vs_cost.png"
+    assert f"wrote {figure}" in capsys.readouterr().out
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = merged_report([load(f"k2={k2}"), load(f"k8={k8}")], "qmsum")
+    assert sorted(report["systems"]) == ["k2:keyb2-blocks-bm25", "k8:keyb2-blocks-bm25", "k8:maxp"]
+    assert report["systems"]["k8:keyb2-blocks-bm25"]["metrics"]["nDCG@10"] == pytest.approx(0.75)
+    assert merged_report([load(f"k2={k2}")], "farrel") is None

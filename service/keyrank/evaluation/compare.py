@@ -7,8 +7,11 @@ Each run is ``label=folder`` (a folder `keyrank eval --out` wrote). Per task it 
 of every system of every run (quality, PSI, scored tokens, quality per position bucket), for
 far-relevant each system's nDCG@10 per offset as a share of its own bare ceiling (the
 ``farrel-bare`` task of the same run), and for each ``--diff A B`` the paired difference of
-A minus B over the queries both ran, with a 95% bootstrap interval (queries resampled). Nothing
-is re-scored: it reads ``results.json`` and the per-query metrics in ``runs/<task>.json``.
+A minus B over the queries both ran, with a 95% bootstrap interval (queries resampled). With
+``--plot DIR`` it also draws, per task, quality against scored tokens with every ``label:system``
+of the runs as one point (the quality-versus-tokens curve of settings run separately, e.g. one run
+per ``KEYRANK_KEYB2_BLOCKS``). Nothing is re-scored: it reads ``results.json`` and the per-query
+metrics in ``runs/<task>.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from keyrank.evaluation.plots import quality_vs_cost
 
 BOOTSTRAP = 10_000
 """Resamples of the queries for a difference's interval."""
@@ -136,6 +141,18 @@ def _lacks(runs: dict[str, Run], spec: str, task: str) -> bool:
     return run is not None and task not in run.results
 
 
+def merged_report(runs: Sequence[Run], task: str) -> dict | None:
+    """One task report of every run's systems, each named ``label:system``: what ``plots.quality_vs_cost`` draws.
+    Chance and the query count are the first run's (runs of one task and split share them)."""
+    present = [r for r in runs if task in r.results]
+    if not present:
+        return None
+    first = present[0].results[task]
+    systems = {f"{r.label}:{name}": s for r in present for name, s in r.results[task]["systems"].items()}
+    return {"task": task, "queries": first["queries"], "measures": first.get("measures", ["nDCG@10"]),
+            "random": first["random"], "systems": systems}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m keyrank.evaluation.compare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--diff", nargs=2, action="append", default=[], metavar=("A", "B"),
                         help="label:system label:system; paired difference of A - B")
     parser.add_argument("--measure", default="nDCG@10")
+    parser.add_argument("--plot", type=Path, metavar="DIR",
+                        help="also write <task>_quality_vs_cost.png there: every label:system against its tokens")
     args = parser.parse_args(argv)
     runs = [load(spec) for spec in args.runs]
     by_label = {r.label: r for r in runs}
@@ -158,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if diffs:
                 out.append("\n".join([f"Paired differences on {task}, {args.measure} (95% bootstrap interval over queries):", "",
                                       "| difference | mean | 95% interval | queries |", "| --- | ---: | --- | ---: |", *diffs]) + "\n")
+        report = merged_report(runs, task) if args.plot else None
+        if report:
+            args.plot.mkdir(parents=True, exist_ok=True)
+            out.append(f"wrote {quality_vs_cost(report, args.plot / f'{task}_quality_vs_cost.png', args.measure)}\n")
     sys.stdout.write("\n".join(o for o in out if o))
     return 0
 
