@@ -70,3 +70,4 @@ def test_plot_draws_every_label_and_system_of_the_runs_as_one_point(tmp_path, ca
     assert sorted(report["systems"]) == ["k2:keyb2-blocks-bm25", "k8:keyb2-blocks-bm25", "k8:maxp"]
     assert report["systems"]["k8:keyb2-blocks-bm25"]["metrics"]["nDCG@10"] == pytest.approx(0.75)
     assert merged_report([load(f"k2={k2}")], "farrel") is None
+    assert sorted(merged_report([load(f"k8={k8}")], "qmsum", drop=["k8:maxp"])["systems"]) == ["k8:keyb2-blocks-bm25"]

@@ -141,14 +141,16 @@ def _lacks(runs: dict[str, Run], spec: str, task: str) -> bool:
     return run is not None and task not in run.results
 
 
-def merged_report(runs: Sequence[Run], task: str) -> dict | None:
-    """One task report of every run's systems, each named ``label:system``: what ``plots.quality_vs_cost`` draws.
-    Chance and the query count are the first run's (runs of one task and split share them)."""
+def merged_report(runs: Sequence[Run], task: str, drop: Sequence[str] = ()) -> dict | None:
+    """One task report of every run's systems, each named ``label:system`` (but those in ``drop``): what
+    ``plots.quality_vs_cost`` draws. Chance and the query count are the first run's (runs of one task and
+    split share them)."""
     present = [r for r in runs if task in r.results]
     if not present:
         return None
     first = present[0].results[task]
-    systems = {f"{r.label}:{name}": s for r in present for name, s in r.results[task]["systems"].items()}
+    systems = {f"{r.label}:{name}": s for r in present for name, s in r.results[task]["systems"].items()
+               if f"{r.label}:{name}" not in drop}
     return {"task": task, "queries": first["queries"], "measures": first.get("measures", ["nDCG@10"]),
             "random": first["random"], "systems": systems}
 
@@ -163,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--measure", default="nDCG@10")
     parser.add_argument("--plot", type=Path, metavar="DIR",
                         help="also write <task>_quality_vs_cost.png there: every label:system against its tokens")
+    parser.add_argument("--drop", nargs="+", default=[], metavar="LABEL:SYSTEM", help="systems --plot leaves out")
     args = parser.parse_args(argv)
     runs = [load(spec) for spec in args.runs]
     by_label = {r.label: r for r in runs}
@@ -177,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if diffs:
                 out.append("\n".join([f"Paired differences on {task}, {args.measure} (95% bootstrap interval over queries):", "",
                                       "| difference | mean | 95% interval | queries |", "| --- | ---: | --- | ---: |", *diffs]) + "\n")
-        report = merged_report(runs, task) if args.plot else None
+        report = merged_report(runs, task, args.drop) if args.plot else None
         if report:
             args.plot.mkdir(parents=True, exist_ok=True)
             out.append(f"wrote {quality_vs_cost(report, args.plot / f'{task}_quality_vs_cost.png', args.measure)}\n")

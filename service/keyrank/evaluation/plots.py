@@ -37,7 +37,7 @@ def quality_vs_cost(task_report: dict, path: Path, measure: str | None = None) -
         if tokens <= 0:
             continue
         points.append((tokens, quality))
-        marker = "s" if name.startswith("keyb2") else "o"
+        marker = "s" if name.rpartition(":")[2].startswith("keyb2") else "o"  # compare --plot: label:system
         ax.scatter([tokens], [quality], marker=marker, s=36, zorder=3)
         ax.annotate(name, (tokens, quality), textcoords="offset points", xytext=(4, 4), fontsize=8)
     front = pareto_front(points)
