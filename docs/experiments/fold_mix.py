@@ -17,12 +17,8 @@ import numpy as np
 from keyrank.config import Settings
 from keyrank.data.runs import QueryRun, per_query
 from keyrank.evaluation import tasks
+from keyrank.evaluation.compare import paired_difference
 from keyrank.pipeline import Pipeline
-
-
-def boot(diff, rng):
-    means = [diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(2000)]
-    return np.percentile(means, [2.5, 97.5])
 
 
 def main():
@@ -52,6 +48,7 @@ def main():
 
     sa, sb = load(args.run, args.a), load(args.b_run or args.run, args.b)
     qs = [q for q in queries if q.qid in sa and q.qid in sb]
+    qids = [q.qid for q in qs]
 
     def mixed(x, y):
         return np.logaddexp(x, y) if args.lse else (x + y) / 2
@@ -67,15 +64,14 @@ def main():
         v = per_query(qs, runs, ["nDCG@10"])
         ndcg[name] = np.array([v[q.qid]["nDCG@10"] for q in qs])
     buckets = sorted({q.bucket for q in qs}, key=lambda b: int(str(b).split("-")[0].rstrip("+")))
-    rng = np.random.default_rng(0)
     print(f"{args.run} {args.task} n={len(qs)}; buckets {' / '.join(map(str, buckets))}")
     for name, arr in ndcg.items():
         by = " / ".join(f"{arr[[q.bucket == b for q in qs]].mean():.3f}" for b in buckets)
         line = f"  {name:<20} nDCG@10 {arr.mean():.4f}  ({by})"
         if name == "mix":
             for other in (args.a, args.b):
-                lo, hi = boot(arr - ndcg[other], rng)
-                line += f"  - {other} {arr.mean() - ndcg[other].mean():+.4f} [{lo:+.4f}, {hi:+.4f}]"
+                mean, lo, hi, _ = paired_difference(dict(zip(qids, arr)), dict(zip(qids, ndcg[other])))
+                line += f"  - {other} {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
         print(line, flush=True)
 
 
