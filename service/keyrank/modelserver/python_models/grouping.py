@@ -15,6 +15,18 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+# The Python stubs of nvidia-pytriton 0.7 predate numpy 2 (pybind11 reads the item size from numpy 1's dtype
+# layout): under numpy 2, ``as_numpy()`` gives inputs zero strides and ``pb_utils.Tensor(name, array)`` an empty
+# buffer. DLPack carries shape, strides and type itself, so inputs always come in through it, and outputs go out
+# through it under numpy 2 (numpy 1 names DLPack's capsules differently from the stub, so there the array goes).
+NUMPY2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def _tensor(name: str, array: np.ndarray):
+    array = np.ascontiguousarray(array)
+    return pb_utils.Tensor.from_dlpack(name, array) if NUMPY2 else pb_utils.Tensor(name, array)
+
+
 def execute_grouped(requests: list, input_names: Sequence[str], output_names: Sequence[str],
                     run: Callable[[dict, list], Sequence[np.ndarray]]) -> list:
     """One response per request. ``run(batch, batch_requests)`` returns the outputs of one equal-shape
@@ -29,7 +41,7 @@ def execute_grouped(requests: list, input_names: Sequence[str], output_names: Se
         else:
             live.append(index)
     feeds = {
-        index: {name: pb_utils.get_input_tensor_by_name(requests[index], name).as_numpy() for name in input_names}
+        index: {name: np.from_dlpack(pb_utils.get_input_tensor_by_name(requests[index], name)) for name in input_names}
         for index in live
     }
     groups: dict[tuple, list[int]] = {}
@@ -43,7 +55,7 @@ def execute_grouped(requests: list, input_names: Sequence[str], output_names: Se
             bounds = np.cumsum([feeds[i][input_names[0]].shape[0] for i in members])[:-1]
             parts = [np.split(np.asarray(output).astype(np.float32, copy=False), bounds) for output in outputs]
             for position, index in enumerate(members):
-                tensors = [pb_utils.Tensor(name, np.ascontiguousarray(part[position])) for name, part in zip(output_names, parts)]
+                tensors = [_tensor(name, part[position]) for name, part in zip(output_names, parts)]
                 responses[index] = pb_utils.InferenceResponse(output_tensors=tensors)
         except Exception as exc:  # noqa: BLE001 -- one bad group must not fail the other requests of the batch
             for index in members:
