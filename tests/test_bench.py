@@ -36,13 +36,15 @@ def test_preprocessing_keeps_at_least_half_the_raw_tokenizer_speed(prepared_mode
             assert row["ratio_to_raw"] >= 0.5, (name, row)
 
 
-def test_gpu_bench_without_cuda_measures_the_cpu_ceiling_and_says_the_gpu_parts_were_skipped(prepared_models, capsys):
+def test_gpu_bench_without_cuda_measures_the_cpu_ceiling_and_says_the_gpu_parts_were_skipped(prepared_models, capsys, tmp_path):
     from keyrank.bench import main
     from keyrank.bench.gpu import SKIPPED, cuda_device
 
     if cuda_device() is not None:
         pytest.skip("a CUDA device is present: the GPU parts run (see docs/PERFORMANCE.md)")
-    assert main(["--gpu", "--model-dir", str(prepared_models), "--datasets", str(DATASETS), "--docs", "8", "--workers", "1"]) == 0
+    assert main(["--gpu", "--model-dir", str(prepared_models), "--datasets", str(DATASETS), "--docs", "8", "--workers", "1",
+                 "--json", str(tmp_path / "gpu.json")]) == 0
+    assert set(json.loads((tmp_path / "gpu.json").read_text())) == {"machine", "cpu", "skipped"}
     out = capsys.readouterr().out
     assert SKIPPED == "GPU parts skipped: no CUDA device" and SKIPPED in out
     for strategy in ("keyb2-bm25", "keyb2-blocks-bm25", "maxp", "firstp"):
@@ -67,9 +69,13 @@ def test_gpu_bench_http_and_baseline_parts_run_end_to_end_on_cpu(prepared_models
     monkeypatch.setenv("KEYRANK_EMBEDDED_DEVICE", "cpu")
     tokenizer = Pipeline.from_model_dir(Settings(model_dir=prepared_models)).tokenizer
     pool, queries = candidate_documents(DATASETS, tokenizer, 6, tokens=300)
+    http_rows: dict = {}
+    saved: list[set] = []  # what was kept after each step: a run cut short keeps every row measured before
     http = end_to_end(tmp_path, queries, pool, candidates=3, requests=2, concurrency=2, duration_s=3, workers=2,
-                      log_dir=tmp_path, device="cpu", strategies=(("keyb2", "bm25"), ("firstp", None)), bodies_per_case=2)
-    assert set(http["strategies"]) == {"keyb2-bm25", "firstp", "keyb2-bm25 (seen before)"}
+                      log_dir=tmp_path, device="cpu", strategies=(("keyb2", "bm25"), ("firstp", None)), bodies_per_case=2,
+                      out=http_rows, saved=lambda: saved.append(set(http_rows["strategies"])))
+    assert http is http_rows and set(http["strategies"]) == {"keyb2-bm25", "firstp", "keyb2-bm25 (seen before)"}
+    assert saved == [set(), {"keyb2-bm25"}, {"keyb2-bm25", "firstp"}, set(http["strategies"])]
     for row in http["strategies"].values():
         assert 0 < row["latency"]["p50_ms"] <= row["latency"]["p99_ms"] and row["saturation"]["qps"] > 0
     baseline = diy.measure(tmp_path / REPOSITORY / "cross_encoder" / "1" / "checkpoint", "cpu", [(queries[0], pool[:3])] * 2)

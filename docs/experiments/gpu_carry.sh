@@ -7,6 +7,8 @@
 # The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
 # the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
 # Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
+# For the embedded GPU Triton behind `keyrank serve --workers N`: bash docs/experiments/gpu_carry.sh --triton builds
+# .gpu-triton/ (the nvidia-pytriton wheel and its missing dependencies, ~59 MB), copied and installed before .gpu/.
 #
 # ONNX Runtime's CUDA provider needs more than one copy holds: bash docs/experiments/gpu_carry.sh --ort [models-dir]
 # builds .gpu-ort/, to be copied in pieces of at most 64 MiB each:
@@ -39,6 +41,19 @@ if [ "${1:-}" = "--ort" ]; then
   du -sh .gpu-ort/models .gpu-ort/wheel/*
   exit 0
 fi
+if [ "${1:-}" = "--triton" ]; then
+  # The nvidia-pytriton wheel (tritonserver and its Python stubs) and what it imports that the GPU image lacks: one copy
+  # of its own (~59 MB), installed there into /tmp/site-triton by a first command while the machine stays up.
+  grep -qx '/.gpu-triton/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-triton/' >> "$EXCLUDE"
+  rm -rf .gpu-triton && mkdir -p .gpu-triton
+  PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" \
+    nvidia-pytriton pyzmq sh importlib-metadata)
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_35_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu-triton $PINS
+  du -sh .gpu-triton
+  exit 0
+fi
 MODELS=${1:-models}
 CHECKPOINT=${2:-../shared/models/ce-minilm-l6}
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
@@ -47,7 +62,7 @@ cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/mod
 "$PY" -m keyrank.prepare.gpu_repository --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
 cp -r ../shared/datasets/qmsum/val .gpu/datasets/qmsum/
 # The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
-NAMES="fastapi starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"
+NAMES="fastapi opentelemetry-api starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"
 PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" $NAMES)
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels $PINS

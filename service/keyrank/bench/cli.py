@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(triton, which needs the 'embedded' extra)")
     parser.add_argument("--no-diy", action="store_true",
                         help="--query: keyrank's rows only, without the do-it-yourself baseline (which needs the 'peers' extra)")
+    parser.add_argument("--duration", type=float, default=15.0, help="--gpu: seconds of each saturation measurement (concurrency 64)")
     parser.add_argument("--encoder-only", action="store_true",
                         help="--gpu: the CPU ceiling, the bf16 peak and the cross-encoder at 512 tokens only (no HTTP, no baseline)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
@@ -75,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.gpu:
         from keyrank.bench import gpu as mode_module
 
+        save = (lambda result: args.json.write_text(json.dumps(result, indent=2))) if args.json else (lambda result: None)
         result = mode_module.run(args.model_dir, args.datasets, requests=args.requests or 100, workers=args.workers,
-                                 candidates=_or(args.docs, 20, 100), encoder_only=args.encoder_only)
+                                 candidates=_or(args.docs, 20, 100), encoder_only=args.encoder_only, duration_s=args.duration,
+                                 save=save)
     elif args.query:
         from keyrank.bench import query as mode_module
 

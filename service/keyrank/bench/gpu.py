@@ -165,9 +165,11 @@ def _saturated(run, rows: np.ndarray, reference: np.ndarray, flops: float, peak_
 
 # --- GPU: end to end ------------------------------------------------------------------------------
 def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int, concurrency: int, duration_s: float, workers: int,
-               log_dir: Path, device: str = "cuda", strategies=STRATEGIES, bodies_per_case: int = 50) -> dict:
+               log_dir: Path, device: str = "cuda", strategies=STRATEGIES, bodies_per_case: int = 50, out: dict | None = None,
+               saved=lambda: None) -> dict:
     """HTTP figures per strategy, cold and (keyb2) with every document seen before. ``device`` cpu: the same
-    path on a CPU (tests; the Triton model then needs KEYRANK_EMBEDDED_DEVICE=cpu)."""
+    path on a CPU (tests; the Triton model then needs KEYRANK_EMBEDDED_DEVICE=cpu). Rows go into ``out`` as
+    they are measured, each followed by ``saved()`` and a printed line, so a run cut short keeps them."""
     env = {"KEYRANK_CAPACITY_SEQUENCES_PER_S": "100000", "KEYRANK_REQUEST_TIMEOUT_S": "120", "KEYRANK_TRITON_BATCH_SIZE": "64",
            "KEYRANK_TRITON_MAX_IN_FLIGHT": "32", "KEYRANK_MAX_BODY_BYTES": str(64 * 2**20)}
     triton, why = None, ""
@@ -181,7 +183,9 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
             triton.stop()
         triton, why = None, f" (embedded Triton unavailable: {type(exc).__name__}: {str(exc)[:200]})"
     gateway = f"keyrank serve --workers {workers} on the embedded GPU Triton" if triton else f"python -m keyrank.modelserver.gpu_gateway (model in-process, 1 process){why}"
-    out = {"gateway": gateway, "strategies": {}}
+    out = out if out is not None else {}
+    out.update(gateway=gateway, strategies={})
+    saved()
     try:
         seen_before = tuple(c for c in strategies if c == ("keyb2", "bm25"))
         for cache, cases in (("0", strategies), (str(1 << 30), seen_before)):
@@ -195,7 +199,11 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
                     # Cold: every request its own draw from the pool. Seen before: one draw, sent again and again.
                     bodies = http_load.bodies(queries, pool, strategy, selector, 1 if warm else bodies_per_case, candidates)
                     row = {"latency": http_load.latency(url, bodies, requests), "saturation": http_load.saturation(url, bodies, concurrency, duration_s)}
-                    out["strategies"][_name(strategy, selector) + (" (seen before)" if warm else "")] = row
+                    name = _name(strategy, selector) + (" (seen before)" if warm else "")
+                    out["strategies"][name] = row
+                    saved()
+                    print(f"  measured {name}: c=1 p50 {row['latency']['p50_ms']:.1f} ms, c={concurrency} {row['saturation']['qps']:.1f} q/s",
+                          flush=True)
     finally:
         if triton is not None:
             triton.stop()
@@ -203,9 +211,11 @@ def end_to_end(model_dir: Path, queries, pool, *, candidates: int, requests: int
 
 
 def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 0, candidates: int = 100, concurrency: int = 64,
-        duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES, encoder_only: bool = False) -> dict:
+        duration_s: float = 15.0, cpu_requests: int = 0, strategies=STRATEGIES, encoder_only: bool = False,
+        save=lambda result: None) -> dict:
     """Everything above; ``encoder_only``: the CPU ceiling, the peak and the cross-encoder's rows only (a short
-    GPU run, e.g. ONNX Runtime's CUDA provider against PyTorch)."""
+    GPU run, e.g. ONNX Runtime's CUDA provider against PyTorch). ``save(result)`` runs after every stage (and
+    every HTTP row): on a machine held for minutes, what was measured is written before anything later can fail."""
     workers = workers or len(os.sched_getaffinity(0))
     tokenizer = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)).tokenizer
     pool, queries = candidate_documents(datasets, tokenizer, 2 * candidates)  # cold requests draw from twice their size
@@ -214,6 +224,7 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)), "gpu": device},
         "cpu": preprocessing_ceiling(model_dir, queries[0], pool[:candidates], workers, cpu_requests or 2 * workers, strategies),
     }
+    save(result)
     if device is None:
         result["skipped"] = SKIPPED
         return result
@@ -231,16 +242,19 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
         name: {"cpu_preprocessing": row["qps"], "gpu_scoring": best * rows.shape[1] / row["input_tokens_per_query"]}
         for name, row in result["cpu"]["strategies"].items()
     }
+    save(result)
     if encoder_only:
         return result
+    result["gpu"]["http"] = {}
     with tempfile.TemporaryDirectory() as logs:
-        result["gpu"]["http"] = end_to_end(model_dir, queries, pool, candidates=candidates, requests=requests, concurrency=concurrency,
-                                           duration_s=duration_s, workers=workers, log_dir=Path(logs))
+        end_to_end(model_dir, queries, pool, candidates=candidates, requests=requests, concurrency=concurrency, duration_s=duration_s,
+                   workers=workers, log_dir=Path(logs), out=result["gpu"]["http"], saved=lambda: save(result))
     from keyrank.bench import diy
 
     rng = np.random.default_rng(1)
     same = [(queries[i % len(queries)], [pool[j] for j in rng.choice(len(pool), size=candidates, replace=False)]) for i in range(10)]
     result["gpu"]["diy_maxp"] = diy.measure(folder / "checkpoint", "cuda", same)
+    save(result)
     return result
 
 
