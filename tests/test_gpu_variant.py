@@ -120,3 +120,14 @@ def test_on_cuda_half_precision_scores_are_within_fp16_tolerance_of_fp32_onnx(gp
         logits, pooled = _torch_scores(encoder, mixed_inputs)
         assert np.abs(logits - mixed_fp32.logits).max() < 0.1, (dtype, graphs)
         assert np.abs(pooled - mixed_fp32.pooled).max() < 0.05, (dtype, graphs)
+
+
+def test_the_kernel_split_of_the_gpu_benchmark_accounts_for_the_encoders_time(gpu_models):
+    # On a GPU it splits CUDA kernel time; here the same code splits the CPU operators' time.
+    from keyrank.bench.gpu import kernel_split
+
+    encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="float32")
+    split = kernel_split(encoder, np.ones((2, 128), dtype=np.int64))
+    assert split["device_ms"] > 0 and sum(split["share"].values()) == pytest.approx(1.0)
+    assert set(split["share"]) == {"matmul", "attention", "copy", "other"}
+    assert split["share"]["matmul"] > 0.2 and split["share"]["attention"] > 0, split

@@ -113,6 +113,8 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
         encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs)
         out["variants"][name] = _saturated(lambda ids: encoder(ids, np.ones_like(ids), np.zeros_like(ids))[0], rows, reference,
                                            flops, peak_tflops, seconds, batches)
+        if name == "bf16":  # where its time goes, at its best batch size
+            out["kernels_bf16"] = kernel_split(encoder, np.resize(rows, (out["variants"][name]["batch"], rows.shape[1])))
         del encoder
     if ort_version is not None:
         row = ort_cuda_saturation(ort_version, rows, reference, flops, peak_tflops, seconds, batches)
@@ -121,6 +123,38 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
         else:
             out["variants"]["ort-cuda-fp16"] = row
     return out
+
+
+KERNEL_KINDS = (("matmul", ("gemm", "cutlass", "xmma", "nvjet", "addmm", "aten::mm", "aten::bmm", "aten::linear")),
+                ("attention", ("flash", "fmha", "attention", "scaled_dot_product", "efficient")),
+                ("copy", ("memcpy", "copy_", "aten::to", "aten::copy")))
+"""Kernel (or, on a CPU, operator) name fragments per kind; everything else is elementwise and normalization."""
+
+
+def kernel_split(encoder, ids: np.ndarray) -> dict:
+    """Where one batch's device time goes: the share of matmuls, attention, copies and the rest (layer norm,
+    GELU, bias, softmax, casts), from PyTorch's profiler; CUDA kernels on a GPU, CPU operators on a CPU (tests).
+    Says which stage bounds the encoder's share of the matmul peak."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = encoder.device.type == "cuda"
+    masks = (np.ones_like(ids), np.zeros_like(ids))
+    encoder(ids, *masks)  # warm: lazy inits out of the profile
+    with profile(activities=[ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]) as prof:
+        encoder(ids, *masks)
+        if cuda:
+            torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.key_averages():
+        us = event.self_device_time_total if cuda else event.self_cpu_time_total
+        if us <= 0:
+            continue
+        name = event.key.lower()
+        kind = next((k for k, fragments in KERNEL_KINDS if any(f in name for f in fragments)), "other")
+        times[kind] = times.get(kind, 0.0) + us
+    total = sum(times.values()) or 1.0
+    return {"device_ms": total / 1e3, "share": {k: times.get(k, 0.0) / total for k, _ in (*KERNEL_KINDS, ("other", ()))}}
 
 
 def ort_cuda_saturation(version: Path, rows: np.ndarray, reference: np.ndarray, flops: float, peak_tflops: float,
@@ -275,6 +309,10 @@ def print_table(result: dict) -> None:
     for name, row in enc["variants"].items():
         print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak"
               f"   max |logit - fp32 CPU| {row['max_abs_diff_vs_fp32_cpu']:.3f}")
+    if "kernels_bf16" in enc:
+        split = enc["kernels_bf16"]
+        print(f"  bf16 device time per batch {split['device_ms']:.1f} ms: "
+              + ", ".join(f"{kind} {100 * share:.0f}%" for kind, share in split["share"].items()))
     if "ort_cuda_skipped" in enc:
         print(f"  ort-cuda-fp16: {enc['ort_cuda_skipped']}")
     if "http" not in g:  # --encoder-only
