@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Build .gpu/: what `keyrank bench --gpu` needs on a GPU machine without network access, in at most
 # 64 MiB (what could be copied to the GPU machine per command).
-#   .gpu/models/   gateway assets (no bi-encoder) + triton-embedded-cuda/ (bf16 weights, ~46 MB)
-#   .gpu/datasets/ QMSum val only (~4 MB): the 100 x 2k-token candidates come from it
+#   .gpu/models/   gateway assets (no bi-encoder); gpu_run.sh writes triton-embedded-cuda/ (bf16) there
+#   .gpu/shared/   the checkpoint (~46 MB) and the data the benchmark and the CUDA tests read (~7 MB): QMSum val
+#                  (the 100 x 2k-token candidates), one QMSum train meeting, DL20's BM25 run
 #   .gpu/wheels/   the gateway's pure-Python dependencies the device image lacks (~5 MB, Python 3.12)
 # The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
 # the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
-# Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then see docs/PERFORMANCE.md.
+# Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then, there,
+# bash docs/experiments/gpu_run.sh (docs/PERFORMANCE.md, section 5).
 # For the embedded GPU Triton behind `keyrank serve --workers N`: bash docs/experiments/gpu_carry.sh --triton builds
 # .gpu-triton/ (the nvidia-pytriton wheel and its missing dependencies, ~59 MB), copied and installed before .gpu/.
 #
@@ -56,11 +58,18 @@ if [ "${1:-}" = "--triton" ]; then
 fi
 MODELS=${1:-models}
 CHECKPOINT=${2:-../shared/models/ce-minilm-l6}
+SHARED=$(dirname "$(dirname "$CHECKPOINT")")
 grep -qx '/.gpu/' "$EXCLUDE" 2>/dev/null || echo '/.gpu/' >> "$EXCLUDE"
-rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/datasets/qmsum .gpu/wheels
+rm -rf .gpu && mkdir -p .gpu/models/gateway .gpu/shared/models .gpu/shared/datasets/qmsum/train .gpu/shared/datasets/trec-dl20-passage .gpu/wheels
 cp "$MODELS"/gateway/{manifest.json,tokenizer.json,classifier_head.npz} .gpu/models/gateway/
-"$PY" -m keyrank.prepare.gpu_repository --out .gpu/models --model "$CHECKPOINT" --device cuda --dtype bfloat16
-cp -r ../shared/datasets/qmsum/val .gpu/datasets/qmsum/
+# The checkpoint itself (16-bit weights, 45 MB): gpu_run.sh writes the bf16 repository from it there, and the CUDA tests
+# export it (KEYRANK_SHARED=.gpu/shared), so one copy serves both.
+cp -r "$CHECKPOINT" .gpu/shared/models/ce-minilm-l6
+# QMSum val (the benchmark's candidates), the first QMSum train meeting (the fp16 graph's check) and DL20's BM25 run
+# (the tests' mixed-length inputs).
+cp -r "$SHARED"/datasets/qmsum/val .gpu/shared/datasets/qmsum/
+cp "$(ls "$SHARED"/datasets/qmsum/train/*.json | sort | head -1)" .gpu/shared/datasets/qmsum/train/
+cp "$SHARED"/datasets/trec-dl20-passage/bm25_dl20.json .gpu/shared/datasets/trec-dl20-passage/
 # The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
 NAMES="fastapi opentelemetry-api starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"
 PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" $NAMES)
