@@ -131,3 +131,13 @@ def test_the_kernel_split_of_the_gpu_benchmark_accounts_for_the_encoders_time(gp
     assert split["device_ms"] > 0 and sum(split["share"].values()) == pytest.approx(1.0)
     assert set(split["share"]) == {"matmul", "attention", "copy", "other"}
     assert split["share"]["matmul"] > 0.2 and split["share"]["attention"] > 0, split
+
+
+def test_the_compiled_body_gives_the_eager_scores_on_every_shape(gpu_models, mixed_inputs, mixed_fp32):
+    # torch.compile (inductor; here its CPU kernels) with symbolic shapes: the mixed lengths' buckets and batch
+    # sizes all go through the one compiled body and score as the ONNX export does.
+    encoder = TorchCrossEncoder(_folder(gpu_models), device="cpu", dtype="float32", compiled=True)
+    logits, pooled = _torch_scores(encoder, mixed_inputs)
+    np.testing.assert_allclose(logits, mixed_fp32.logits, atol=1e-4)
+    np.testing.assert_allclose(pooled, mixed_fp32.pooled, atol=1e-4)
+    assert encoder.compiled

@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     embedded_cuda_runtime: Literal["torch", "onnxruntime"] = Field("torch", description="With embedded_device 'cuda': 'torch' = triton-embedded-cuda/ (PyTorch); 'onnxruntime' = triton-embedded-cuda-ort/ (the fp16 graph on ONNX Runtime's CUDA provider, onnxruntime-gpu; both written by `keyrank prepare --device cuda`).")
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
     embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
+    embedded_compile: bool = Field(False, description="GPU variant: run the transformer body through torch.compile (fused elementwise kernels; the first batch pays the compilation) (KEYRANK_EMBEDDED_COMPILE).")
     triton_server_id: str | None = Field(None, description="Set by `keyrank serve` to its embedded Triton's --id: readiness then requires the server at triton_url to report it (not another process on that port).")
 
     @field_validator("*", mode="before")

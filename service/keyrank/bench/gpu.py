@@ -8,7 +8,7 @@ GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
   - bf16 matrix-multiply peak (8192^3, CUDA events) measured now;
   - the cross-encoder at 512 tokens at saturation (``torch_encoder``, the code the
     GPU Triton model runs): pairs/s, TFLOP/s from the model's FLOP count, % of peak;
-    bf16, fp16 and bf16 with CUDA graphs, each with its largest logit difference
+    bf16, fp16, bf16 with CUDA graphs and fp16 through torch.compile, each with its largest logit difference
     from the fp32 CPU path (which equals the ONNX export, tests/test_gpu_variant.py);
     and the fp16 graph on ONNX Runtime's CUDA provider (onnxruntime-gpu, I/O binding;
     prepare/ort_cuda.py) where that onnxruntime is installed, else why not;
@@ -109,12 +109,13 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
     # The fp32 CPU path (equal to the ONNX export within 1e-4, tests/test_gpu_variant.py) is the reference.
     check = rows[:16]
     reference, _ = TorchCrossEncoder(folder, device="cpu", dtype="float32")(check, np.ones_like(check), np.zeros_like(check))
-    for name, dtype, graphs in (("bf16", "bfloat16", False), ("fp16", "float16", False), ("bf16+graphs", "bfloat16", True)):
-        encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs)
+    for name, dtype, graphs, compiled in (("bf16", "bfloat16", False, False), ("fp16", "float16", False, False),
+                                          ("bf16+graphs", "bfloat16", True, False), ("fp16+compile", "float16", False, True)):
+        encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs, compiled=compiled)
         out["variants"][name] = _saturated(lambda ids: encoder(ids, np.ones_like(ids), np.zeros_like(ids))[0], rows, reference,
                                            flops, peak_tflops, seconds, batches)
-        if name == "bf16":  # where its time goes, at its best batch size
-            out["kernels_bf16"] = kernel_split(encoder, np.resize(rows, (out["variants"][name]["batch"], rows.shape[1])))
+        if name in ("bf16", "fp16+compile"):  # where its time goes, at its best batch size
+            out["kernels_" + name] = kernel_split(encoder, np.resize(rows, (out["variants"][name]["batch"], rows.shape[1])))
         del encoder
     if ort_version is not None:
         row = ort_cuda_saturation(ort_version, rows, reference, flops, peak_tflops, seconds, batches)
@@ -309,10 +310,11 @@ def print_table(result: dict) -> None:
     for name, row in enc["variants"].items():
         print(f"  {name:<12}{row['pairs_per_s']:>10,.0f} pairs/s (batch {row['batch']}){row['tflops']:>8.1f} TFLOP/s{row['pct_of_peak']:>6.1f}% of peak"
               f"   max |logit - fp32 CPU| {row['max_abs_diff_vs_fp32_cpu']:.3f}")
-    if "kernels_bf16" in enc:
-        split = enc["kernels_bf16"]
-        print(f"  bf16 device time per batch {split['device_ms']:.1f} ms: "
-              + ", ".join(f"{kind} {100 * share:.0f}%" for kind, share in split["share"].items()))
+    for name in ("bf16", "fp16+compile"):
+        if "kernels_" + name in enc:
+            split = enc["kernels_" + name]
+            print(f"  {name} device time per batch {split['device_ms']:.1f} ms: "
+                  + ", ".join(f"{kind} {100 * share:.0f}%" for kind, share in split["share"].items()))
     if "ort_cuda_skipped" in enc:
         print(f"  ort-cuda-fp16: {enc['ort_cuda_skipped']}")
     if "http" not in g:  # --encoder-only

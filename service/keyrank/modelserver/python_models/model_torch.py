@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # torch_encoder.py, gr
 from grouping import execute_grouped
 from torch_encoder import TorchCrossEncoder
 
-SETTINGS = {"device": "KEYRANK_EMBEDDED_DEVICE", "dtype": "KEYRANK_EMBEDDED_DTYPE", "cuda_graphs": "KEYRANK_EMBEDDED_CUDA_GRAPHS"}
+SETTINGS = {"device": "KEYRANK_EMBEDDED_DEVICE", "dtype": "KEYRANK_EMBEDDED_DTYPE", "cuda_graphs": "KEYRANK_EMBEDDED_CUDA_GRAPHS",
+            "compile": "KEYRANK_EMBEDDED_COMPILE"}
 """Config parameter -> environment variable that overrides it (the gateway's settings of the same name)."""
 
 
@@ -43,6 +44,7 @@ class TritonPythonModel:
             device=_parameter(config, "device", "cuda"),
             dtype=_parameter(config, "dtype", "bfloat16"),
             cuda_graphs=_parameter(config, "cuda_graphs", "false").lower() in ("1", "true", "yes"),
+            compiled=_parameter(config, "compile", "false").lower() in ("1", "true", "yes"),
         )
 
     def execute(self, requests: list) -> list:

@@ -32,7 +32,8 @@ def _pad_rows(n: int) -> int:
 class TorchCrossEncoder:
     """``(logits, pooled)`` float32 numpy of int64 ``[N, L]`` inputs, on ``device`` in ``dtype``."""
 
-    def __init__(self, folder: str | Path, *, device: str = "cuda", dtype: str = "bfloat16", cuda_graphs: bool = False, max_graphs: int = 64):
+    def __init__(self, folder: str | Path, *, device: str = "cuda", dtype: str = "bfloat16", cuda_graphs: bool = False, max_graphs: int = 64,
+                 compiled: bool = False):
         from transformers import (
             AutoModelForCausalLM,
             AutoModelForSequenceClassification,
@@ -63,6 +64,13 @@ class TorchCrossEncoder:
             self._seen: list[torch.Tensor] = []
             head = self.model.get_submodule(spec["head"])
             head.register_forward_hook(lambda _m, inputs, _out: self._seen.append(inputs[0]))
+        if compiled:
+            # The transformer body through torch.compile (inductor fuses the bias, GELU, layer-norm and cast kernels a
+            # narrow model spends much of its time in); shapes symbolic, so new batch sizes and widths do not recompile.
+            # The head stays eager: its input is the pooled vector this class returns.
+            self.model.base_model.forward = torch.compile(self.model.base_model.forward, dynamic=True)
+        self.compiled: bool = compiled
+        """The body runs compiled (the first batch pays the compilation)."""
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         """Replay captured graphs per (rows, width) instead of launching every kernel from Python."""
         self.max_graphs = max_graphs
