@@ -141,3 +141,19 @@ def test_the_compiled_body_gives_the_eager_scores_on_every_shape(gpu_models, mix
     np.testing.assert_allclose(logits, mixed_fp32.logits, atol=1e-4)
     np.testing.assert_allclose(pooled, mixed_fp32.pooled, atol=1e-4)
     assert encoder.compiled
+
+
+def test_a_variant_that_fails_is_reported_and_the_encoder_rows_go_on(gpu_models, monkeypatch):
+    # On a GPU machine without a working compiler torch.compile raises at the first batch: the benchmark must keep
+    # the other rows (and go on to its HTTP part) instead of losing the run.
+    from keyrank.bench.gpu import encoder_saturation
+
+    def no_compiler(*_args, **_kwargs):
+        raise RuntimeError("no C compiler found")
+
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    rows = np.random.default_rng(0).integers(1000, 5000, size=(4, 32))
+    out = encoder_saturation(_folder(gpu_models), rows, peak_tflops=1.0, seconds=0.05, device="cpu", batches=(2,))
+    assert set(out["variants"]) == {"bf16", "fp16", "bf16+graphs"}
+    assert out["failed"] == {"fp16+compile": "RuntimeError: no C compiler found"}
+    assert set(out["kernels_bf16"]["share"]) == {"matmul", "attention", "copy", "other"}

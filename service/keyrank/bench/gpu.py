@@ -111,12 +111,17 @@ def encoder_saturation(folder: Path, rows: np.ndarray, peak_tflops: float, secon
     reference, _ = TorchCrossEncoder(folder, device="cpu", dtype="float32")(check, np.ones_like(check), np.zeros_like(check))
     for name, dtype, graphs, compiled in (("bf16", "bfloat16", False, False), ("fp16", "float16", False, False),
                                           ("bf16+graphs", "bfloat16", True, False), ("fp16+compile", "float16", False, True)):
-        encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs, compiled=compiled)
-        out["variants"][name] = _saturated(lambda ids: encoder(ids, np.ones_like(ids), np.zeros_like(ids))[0], rows, reference,
-                                           flops, peak_tflops, seconds, batches)
-        if name in ("bf16", "fp16+compile"):  # where its time goes, at its best batch size
-            out["kernels_" + name] = kernel_split(encoder, np.resize(rows, (out["variants"][name]["batch"], rows.shape[1])))
-        del encoder
+        try:
+            encoder = TorchCrossEncoder(folder, device=device, dtype=dtype, cuda_graphs=graphs, compiled=compiled)
+            out["variants"][name] = _saturated(lambda ids: encoder(ids, np.ones_like(ids), np.zeros_like(ids))[0], rows,
+                                               reference, flops, peak_tflops, seconds, batches)
+            if name in ("bf16", "fp16+compile"):  # where its time goes, at its best batch size
+                out["kernels_" + name] = kernel_split(encoder, np.resize(rows, (out["variants"][name]["batch"], rows.shape[1])))
+        except Exception as exc:  # noqa: BLE001 -- one variant failing (a compiler missing there) must not cost the rest of the run
+            if name == "bf16":
+                raise
+            out.setdefault("failed", {})[name] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        encoder = None
     if ort_version is not None:
         row = ort_cuda_saturation(ort_version, rows, reference, flops, peak_tflops, seconds, batches)
         if "skipped" in row:
@@ -315,6 +320,8 @@ def print_table(result: dict) -> None:
             split = enc["kernels_" + name]
             print(f"  {name} device time per batch {split['device_ms']:.1f} ms: "
                   + ", ".join(f"{kind} {100 * share:.0f}%" for kind, share in split["share"].items()))
+    for name, why in enc.get("failed", {}).items():
+        print(f"  {name}: failed: {why}")
     if "ort_cuda_skipped" in enc:
         print(f"  ort-cuda-fp16: {enc['ort_cuda_skipped']}")
     if "http" not in g:  # --encoder-only
