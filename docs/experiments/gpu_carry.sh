@@ -25,6 +25,8 @@
 set -euo pipefail
 PY=${PY:-.venv/bin/python}
 EXCLUDE=$(git rev-parse --git-path info/exclude)
+# NAME==VERSION of each package named, as this checkout's venv runs them (tested together).
+pins() { "$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" "$@"; }
 mkdir -p "$(dirname "$EXCLUDE")"
 if [ "${1:-}" = "--ort" ]; then
   MODELS=${2:-models}
@@ -48,8 +50,7 @@ if [ "${1:-}" = "--triton" ]; then
   # of its own (~59 MB), installed there into /tmp/site-triton by a first command while the machine stays up.
   grep -qx '/.gpu-triton/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-triton/' >> "$EXCLUDE"
   rm -rf .gpu-triton && mkdir -p .gpu-triton
-  PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" \
-    nvidia-pytriton pyzmq sh importlib-metadata)
+  PINS=$(pins nvidia-pytriton pyzmq sh importlib-metadata)
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_35_x86_64 \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .gpu-triton $PINS
@@ -72,7 +73,7 @@ cp "$(ls "$SHARED"/datasets/qmsum/train/*.json | sort | head -1)" .gpu/shared/da
 cp "$SHARED"/datasets/trec-dl20-passage/bm25_dl20.json .gpu/shared/datasets/trec-dl20-passage/
 # The versions this checkout's venv runs (tested together), built for the device's Python 3.12.
 NAMES="fastapi opentelemetry-api starlette pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection uvicorn fastapi-offline tritonclient python-rapidjson"
-PINS=$("$PY" -c "import sys; from importlib.metadata import version; print(' '.join(n + '==' + version(n) for n in sys.argv[1:]))" $NAMES)
+PINS=$(pins $NAMES)
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels $PINS
 du -sh .gpu .gpu/*

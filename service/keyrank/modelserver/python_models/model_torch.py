@@ -34,6 +34,10 @@ def _parameter(config: dict, name: str, default: str) -> str:
     return config.get("parameters", {}).get(name, {}).get("string_value", default)
 
 
+def _flag(config: dict, name: str) -> bool:
+    return _parameter(config, name, "false").lower() in ("1", "true", "yes")
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         config = json.loads(args["model_config"])
@@ -43,8 +47,8 @@ class TritonPythonModel:
             Path(__file__).resolve().parent,
             device=_parameter(config, "device", "cuda"),
             dtype=_parameter(config, "dtype", "bfloat16"),
-            cuda_graphs=_parameter(config, "cuda_graphs", "false").lower() in ("1", "true", "yes"),
-            compiled=_parameter(config, "compile", "false").lower() in ("1", "true", "yes"),
+            cuda_graphs=_flag(config, "cuda_graphs"),
+            compiled=_flag(config, "compile"),
         )
 
     def execute(self, requests: list) -> list:
