@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+_WHITESPACE = np.zeros(256, dtype=bool)
+_WHITESPACE[[9, 10, 13, 32]] = True
+"""The ASCII bytes BERT's pre-tokenizer splits on and no token covers."""
+_PLAIN = _WHITESPACE.copy()
+_PLAIN[32:127] = True
+"""ASCII bytes BERT's normalizer keeps one for one (control bytes besides tab and newlines it deletes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,8 @@ class TextTokenizer:
         self.special_ids = np.asarray(sorted(special_ids), dtype=np.int64)
         """Ids no text may encode to (checked on every batch: a tokenizer that matched one is a bug, not input)."""
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._piece_chars = _wordpiece_lengths(self._tok) if not text_lead else None
+        """Characters each id covers, where plain-ASCII offsets can be computed here (None: never)."""
 
     @classmethod
     def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = ()) -> TextTokenizer:
@@ -76,23 +85,68 @@ class TextTokenizer:
 
     def encode_documents(self, texts: Sequence[str], max_tokens: int | None = None) -> list[Encoded]:
         """All texts in one batched call (the Rust side runs them in parallel)."""
+        texts = list(texts)
+        pieces: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(texts)
+        if self._piece_chars is not None:
+            # Plain-ASCII texts skip the tokenizer's offsets: building 2n Python ints and reading them back
+            # into numpy cost a third of the tokenize stage, single-threaded (docs/PERFORMANCE.md, section 2).
+            plain = [i for i, t in enumerate(texts) if t.isascii()]
+            for i, enc in zip(plain, self._tok.encode_batch_fast([texts[i] for i in plain], add_special_tokens=False)):
+                pieces[i] = self._ascii_pieces(texts[i], enc.ids)
+        rest = [i for i, p in enumerate(pieces) if p is None]
         lead = len(self.text_lead)
-        encodings = self._tok.encode_batch([self.text_lead + t for t in texts] if lead else list(texts), add_special_tokens=False)
-        out = []
-        for text, enc in zip(texts, encodings):
-            ids = np.asarray(enc.ids, dtype=np.int64)
+        for i, enc in zip(rest, self._tok.encode_batch([self.text_lead + texts[i] for i in rest], add_special_tokens=False)):
             offsets = np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
-            if lead:
-                offsets = np.maximum(offsets - lead, 0)
-            if self.special_ids.size:
-                # Last line of defence (prepare makes special pieces unreachable from text): a special id
-                # that text still produced is dropped, never shown to the model as a separator.
-                keep = ~np.isin(ids, self.special_ids)
-                if not keep.all():
-                    ids, offsets = ids[keep], offsets[keep]
-            full_length = int(ids.shape[0])
-            truncated = max_tokens is not None and full_length > max_tokens
-            if truncated:
-                ids, offsets = ids[:max_tokens], offsets[:max_tokens]
-            out.append(Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated, full_length=full_length if truncated else None))
-        return out
+            pieces[i] = np.asarray(enc.ids, dtype=np.int64), np.maximum(offsets - lead, 0) if lead else offsets
+        return [self._encoded(text, ids, offsets, max_tokens) for text, (ids, offsets) in zip(texts, pieces)]
+
+    def _ascii_pieces(self, text: str, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Ids and offsets of an ASCII ``text`` from its ids alone, or None where that is not exact.
+
+        With BERT's normalizer and pre-tokenizer, printable ASCII, tab and newlines keep their length, and the
+        pieces, ``##`` cut, spell the text's non-whitespace characters in order. So piece lengths laid over
+        those characters are the offsets, except where a piece is [UNK] (a word over 100 characters) or the
+        text has a control byte the normalizer deletes: those go through the tokenizer's own offsets."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        if not _PLAIN[raw].all():
+            return None
+        chars = np.flatnonzero(~_WHITESPACE[raw]).astype(np.int32)
+        lengths = self._piece_chars[ids]
+        ends = np.cumsum(lengths, dtype=np.int64)
+        if (ends[-1] if ends.size else 0) != chars.size or (lengths <= 0).any():
+            return None
+        offsets = np.empty((ids.size, 2), dtype=np.int32)
+        offsets[:, 0] = chars[ends - lengths]
+        offsets[:, 1] = chars[ends - 1] + 1
+        return ids, offsets
+
+    def _encoded(self, text: str, ids: np.ndarray, offsets: np.ndarray, max_tokens: int | None) -> Encoded:
+        if self.special_ids.size:
+            # Last line of defence (prepare makes special pieces unreachable from text): a special id
+            # that text still produced is dropped, never shown to the model as a separator.
+            keep = ~np.isin(ids, self.special_ids)
+            if not keep.all():
+                ids, offsets = ids[keep], offsets[keep]
+        full_length = int(ids.shape[0])
+        truncated = max_tokens is not None and full_length > max_tokens
+        if truncated:
+            ids, offsets = ids[:max_tokens], offsets[:max_tokens]
+        return Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated, full_length=full_length if truncated else None)
+
+
+def _wordpiece_lengths(tok: Tokenizer) -> np.ndarray | None:
+    """int64 [vocab]: characters of text each id covers (0 for special tokens and [UNK]), for a BERT WordPiece
+    tokenizer whose added tokens are all special; None for any other tokenizer (its offsets come from it)."""
+    if not (isinstance(tok.model, models.WordPiece) and isinstance(tok.normalizer, normalizers.BertNormalizer)
+            and isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)):
+        return None
+    added = tok.get_added_tokens_decoder()
+    if not all(token.special for token in added.values()):
+        return None
+    prefix = tok.model.continuing_subword_prefix
+    lengths = np.zeros(tok.get_vocab_size(with_added_tokens=True), dtype=np.int64)
+    for piece, token_id in tok.get_vocab(with_added_tokens=False).items():
+        if token_id not in added:
+            lengths[token_id] = len(piece) - len(prefix) if piece.startswith(prefix) and piece != prefix else len(piece)
+    return lengths
