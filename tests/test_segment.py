@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keyrank.segment import FORCED_COST, Spans, best_pieces, blocks, break_costs, token_break_costs, windows
+from keyrank.segment import FORCED_COST, Spans, best_pieces, blocks, break_costs, cheapest_cut, token_break_costs, windows
 from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
 
@@ -60,6 +60,32 @@ def test_breaks_land_on_sentence_ends_when_sentences_fit_in_a_block(sentences):
     costs = break_costs(doc, COSTS)
     # Every sentence here is under 63 tokens, so no block needs a forced break.
     assert np.all(costs[spans.ends - 1] < FORCED_COST)
+
+
+def _cheapest_cut_by_scanning(costs: np.ndarray, max_tokens: int, block_cost: float) -> np.ndarray:
+    """The DP as CogLTX states it: every start in range scanned for each end, the earliest cheapest kept."""
+    n = len(costs)
+    best, start = [0.0] + [0.0] * n, [0] * (n + 1)
+    for j in range(1, n + 1):
+        lo = max(0, j - max_tokens)
+        arg = min(range(lo, j), key=lambda i: (best[i], i))
+        best[j], start[j] = best[arg] + costs[j - 1] + block_cost, arg
+    starts, j = [], n
+    while j > 0:
+        j = start[j]
+        starts.append(j)
+    return np.asarray(starts[::-1], dtype=np.int64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0, 2.0, FORCED_COST]), max_size=300), st.sampled_from([1, 2, 5, 17, 63]),
+       st.sampled_from([0.0, 1.0, 0.5]))
+def test_the_linear_dp_cuts_where_scanning_every_start_does(costs, max_tokens, block_cost):
+    """Many ties (four cost values): the sliding minimum must keep the earliest start, as the scan does."""
+    costs = np.asarray(costs, dtype=np.float64)
+    if costs.size:
+        costs[-1] = 0.0
+    assert np.array_equal(cheapest_cut(costs, max_tokens, block_cost), _cheapest_cut_by_scanning(costs, max_tokens, block_cost))
 
 
 def test_a_newline_is_the_cheapest_break():

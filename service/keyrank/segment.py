@@ -80,20 +80,27 @@ def break_costs(doc: Encoded, vocab_costs: np.ndarray) -> np.ndarray:
 
 @numba.njit(cache=True)
 def cheapest_cut(costs: np.ndarray, max_tokens: int, block_cost: float) -> np.ndarray:
-    # best[j]: cheapest cut of tokens [0, j); start[j]: where its last block starts.
+    # best[j]: cheapest cut of tokens [0, j); start[j]: where its last block starts, the earliest
+    # cheapest i in [j - max_tokens, j). The minimum over that sliding range comes from a monotonic
+    # queue of candidate starts (values non-decreasing from head to tail, ties kept in order, so the
+    # head is the earliest minimum): O(n), not O(n * max_tokens).
     n = costs.shape[0]
     best = np.empty(n + 1, dtype=np.float64)
     start = np.zeros(n + 1, dtype=np.int64)
+    queue = np.empty(n + 1, dtype=np.int64)
+    head = 0
+    tail = 0
     best[0] = 0.0
     for j in range(1, n + 1):
-        lo = max(0, j - max_tokens)
-        arg = lo
-        val = best[lo]
-        for i in range(lo + 1, j):
-            if best[i] < val:
-                val = best[i]
-                arg = i
-        best[j] = val + costs[j - 1] + block_cost
+        i = j - 1
+        while tail > head and best[queue[tail - 1]] > best[i]:
+            tail -= 1
+        queue[tail] = i
+        tail += 1
+        while queue[head] < j - max_tokens:
+            head += 1
+        arg = queue[head]
+        best[j] = best[arg] + costs[j - 1] + block_cost
         start[j] = arg
     # Walk back from the end to list the block starts.
     count = 0

@@ -66,6 +66,8 @@ class TextTokenizer:
         self.special_ids = np.asarray(sorted(special_ids), dtype=np.int64)
         """Ids no text may encode to (checked on every batch: a tokenizer that matched one is a bug, not input)."""
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._is_special = np.zeros(max(self.vocab_size, int(self.special_ids.max(initial=-1)) + 1), dtype=bool)
+        self._is_special[self.special_ids] = True
         self._piece_chars = _wordpiece_lengths(self._tok) if not text_lead else None
         """Characters each id covers, where plain-ASCII offsets can be computed here (None: never)."""
 
@@ -125,7 +127,7 @@ class TextTokenizer:
         if self.special_ids.size:
             # Last line of defence (prepare makes special pieces unreachable from text): a special id
             # that text still produced is dropped, never shown to the model as a separator.
-            keep = ~np.isin(ids, self.special_ids)
+            keep = ~self._is_special[ids]
             if not keep.all():
                 ids, offsets = ids[keep], offsets[keep]
         full_length = int(ids.shape[0])
