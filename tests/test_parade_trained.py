@@ -1,6 +1,6 @@
-"""PARADE-Attn / PARADE-Transformer: the ONNX the gateway serves scores like the PyTorch module,
-an untrained attention aggregator is parade-avg, and `keyrank finetune` trains one (frozen encoder,
-resumable) that the reranker then serves as a strategy."""
+"""PARADE-Attn / PARADE-Transformer (and PARADE-Attn over keyb2-blocks' inputs): the ONNX the gateway serves
+scores like the PyTorch module, an untrained attention aggregator is parade-avg, and `keyrank finetune` trains
+one (frozen encoder, resumable) that the reranker then serves as a strategy."""
 
 from __future__ import annotations
 
@@ -63,50 +63,56 @@ def test_untrained_attention_aggregator_is_parade_avg(tmp_path):
     assert not np.allclose(parade_avg, parade_max, atol=1e-3)  # the comparison can tell avg from max
 
 
-@pytest.fixture(scope="module")
-def parade_run(tmp_path_factory):
-    """A frozen-encoder PARADE-Attn run on the toy data, whole, and the same run stopped and resumed."""
+ATTENTION = {"parade-attn": "parade-avg", "keyb2-blocks-attn": "keyb2-blocks"}
+"""Each attention strategy and the untrained row that plans the same inputs."""
+
+
+@pytest.fixture(scope="module", params=sorted(ATTENTION))
+def parade_run(request, tmp_path_factory):
+    """A frozen-encoder attention run on the toy data (over the windows, or over keyb2-blocks' inputs), whole,
+    and the same run stopped and resumed."""
     from keyrank.training import finetune
     from keyrank.training.recipe import TrecFiles
 
-    root = tmp_path_factory.mktemp("parade")
+    kind = request.param
+    root = tmp_path_factory.mktemp(kind)
     model, trec = tiny_bert(root / "tiny-bert"), TrecFiles(*toy_trec(root))
-    common = {"model": str(model), "strategy": "parade-attn", "trec": trec, "epochs": 2, "groups_per_step": 2,
+    common = {"model": str(model), "strategy": kind, "trec": trec, "epochs": 2, "groups_per_step": 2,
               "aggregator_lr": 1e-2, "seed": 0, "progress": False, "threads": 2, "dev_max_queries": None}
     whole = finetune(out=root / "whole", **common)
     stopped = finetune(out=root / "resumed", stop_after_steps=3, **common)
     resumed = finetune(out=root / "resumed", **common)
-    return whole, stopped, resumed
+    return kind, whole, stopped, resumed
 
 
 def test_parade_training_resumes_to_the_same_aggregator(parade_run):
-    whole, stopped, resumed = parade_run
+    kind, whole, stopped, resumed = parade_run
     assert whole.finished and not stopped.finished and resumed.finished
     assert whole.model_dir is None  # frozen encoder: only the aggregator is a deliverable
-    a = torch.load(whole.out / "parade-attn.pt")
-    b = torch.load(resumed.out / "parade-attn.pt")
+    a = torch.load(whole.out / f"{kind}.pt")
+    b = torch.load(resumed.out / f"{kind}.pt")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
     assert [h["loss"] for h in whole.history] == pytest.approx([h["loss"] for h in resumed.history], abs=1e-6)
     assert not torch.allclose(a["attention.weight"], torch.zeros_like(a["attention.weight"]))  # it trained
 
 
-def test_trained_aggregator_is_served_as_the_parade_attn_strategy(parade_run):
+def test_trained_aggregator_is_served_as_its_strategy(parade_run):
     from keyrank.reranker import Reranker
     from keyrank.training.cli import install_aggregator
     from keyrank.data.judged import from_trec
 
-    whole, _, _ = parade_run
+    kind, whole, _, _ = parade_run
     config = json.loads((whole.out / "training.json").read_text())["config"]
     base = whole.out / "base"
     install_aggregator(whole.aggregator, base)
     judged = from_trec(config["trec"]["qrels"], config["trec"]["docs"], config["trec"]["queries"])[0]
     with Reranker.local(base) as reranker:
-        ranking = reranker.rank(judged.query, list(judged.texts), strategy="parade-attn")
-        plan = reranker.pipeline.plan(judged.query, list(judged.texts), _options("parade-avg"))
+        ranking = reranker.rank(judged.query, list(judged.texts), strategy=kind)
+        plan = reranker.pipeline.plan(judged.query, list(judged.texts), _options(ATTENTION[kind]))
         pooled = reranker.scorer.score_sync(plan.inputs, want_pooled=True).pooled
-    module = parade.build("parade-attn", pooled.shape[1])
-    module.load_state_dict(torch.load(whole.out / "parade-attn.pt"))
+    module = parade.build(kind, pooled.shape[1])
+    module.load_state_dict(torch.load(whole.out / f"{kind}.pt"))
     padded, mask = pad_by_document(plan.doc_of, pooled)
     with torch.no_grad():
         expected = module.eval()(torch.from_numpy(padded), torch.from_numpy(mask)).numpy()

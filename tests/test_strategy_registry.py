@@ -259,6 +259,7 @@ PINNED = {
     "keyb2-parade-max": ("blocks", "parade-max"),
     "keyb2-parade-avg": ("blocks", "parade-avg"),
     "keyb2-blocks": ("key-blocks", "lse"),
+    "keyb2-blocks-attn": ("key-blocks", "trained"),
     "longp": ("whole", "single"),
     "cedr-knrm": ("disjoint", "trained"),
     "cedr-drmm": ("disjoint", "trained"),
@@ -271,7 +272,7 @@ PINNED = {
 def test_registry_rows_match_the_behaviour_pinned_above(name):
     spec = REGISTRY[name]
     assert (spec.cut.name, spec.aggregation) == PINNED[name]
-    assert spec.needs_pooled == ("parade" in name or spec.features is not None)
+    assert spec.needs_pooled == (spec.aggregation in ("parade-max", "parade-avg", "trained"))
     # The interaction strategies are scored by their own graph, which training writes beside their head.
     assert (spec.features is not None) == (name in ("cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1"))
     assert spec.features is None or spec.features in spec.trained_parts
@@ -326,7 +327,7 @@ def test_a_strategy_without_its_trained_part_is_refused_naming_the_command(count
     from keyrank.pipeline import Pipeline
 
     bare = Pipeline(counting.tokenizer, counting.template, counting.settings, gateway_dir=tmp_path)
-    for name in ("parade-attn", "parade-transformer"):
+    for name in ("parade-attn", "parade-transformer", "keyb2-blocks-attn"):
         with pytest.raises(InvalidRequest, match=f"keyrank finetune --strategy {name}"):
             bare.resolve(RerankOptions(strategy=name))
 

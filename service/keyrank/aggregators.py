@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-KINDS = ("parade-attn", "parade-transformer")
-"""The aggregators ``keyrank finetune`` trains; each file is named ``<kind>.onnx``."""
+KINDS = ("parade-attn", "parade-transformer", "keyb2-blocks-attn")
+"""The aggregators ``keyrank finetune`` trains; each file is named ``<kind>.onnx`` (``keyb2-blocks-attn``: PARADE-Attn
+over keyb2-blocks' inputs)."""
 INPUTS = ("pooled", "mask")
 """ONNX inputs: float32 [D, W, H] windows' pooled vectors (zero-padded), float32 [D, W] 1 = a real window."""
 OUTPUT = "scores"

@@ -108,6 +108,9 @@ REGISTRY: dict[str, StrategySpec] = {
                              "blocks that follow each other read together, up to `keyb2_blocks_span` (4), an input inside the "
                              "document from `keyb2_blocks_lead` (4) tokens before the first rare query term it holds; "
                              "log-sum-exp of their scores, a soft max where a second strong input adds (the default)"),
+        StrategySpec("keyb2-blocks-attn", KEY_BLOCKS, "trained", needs_pooled=True, trained_parts=("keyb2-blocks-attn.onnx",),
+                     summary="keyb2-blocks' inputs; trained attention over their pooled vectors (PARADE-Attn over what "
+                             "keyb2-blocks reads)"),
         StrategySpec("longp", WHOLE, "single",
                      summary="the whole document in one sequence, up to the model's own length (long-context rerankers: "
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),

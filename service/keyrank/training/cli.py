@@ -38,7 +38,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id (required)")
     p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
     p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
-                   help="what is trained: the scorer for keyb2/keyb2-blocks/maxp/firstp, the aggregator for parade-*, "
+                   help="what is trained: the scorer for keyb2/keyb2-blocks/maxp/firstp, the aggregator for parade-* and keyb2-blocks-attn, "
                         "the head (and the graph's learned part) for cedr-knrm/cedr-drmm/cedr-pacrr/model1, encoder frozen")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")

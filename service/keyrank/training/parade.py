@@ -103,7 +103,7 @@ def build(kind: str, hidden: int, head_weight: np.ndarray | None = None, head_bi
     """A fresh aggregator; its head starts as the cross-encoder's classifier head (the relevance label's row)."""
     if kind not in KINDS:
         raise ValueError(f"unknown aggregator {kind!r}; expected one of {KINDS}")
-    module = ParadeAttn(hidden) if kind == "parade-attn" else ParadeTransformer(hidden)
+    module = ParadeAttn(hidden) if kind.endswith("-attn") else ParadeTransformer(hidden)
     if head_weight is not None:
         with torch.no_grad():
             module.head.weight.copy_(torch.as_tensor(np.asarray(head_weight, np.float32)[-1:]))

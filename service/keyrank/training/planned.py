@@ -22,7 +22,7 @@ from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
 from keyrank.strategies import REGISTRY, StrategySpec
 
-TRAINABLE = ("firstp", "maxp", "keyb2", "keyb2-blocks", "parade-attn", "parade-transformer", "cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1")
+TRAINABLE = ("firstp", "maxp", "keyb2", "keyb2-blocks", "parade-attn", "parade-transformer", "keyb2-blocks-attn", "cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1")
 """Strategies ``keyrank finetune`` trains (the scorer, PARADE's aggregator, or an interaction head)."""
 
 

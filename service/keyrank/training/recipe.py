@@ -32,7 +32,7 @@ class FinetuneConfig:
     out: Path
     """Run folder: model/ (the fine-tuned checkpoint), base/, cache/, state/, training.json."""
     strategy: str = "keyb2"
-    """What is trained: keyb2, keyb2-blocks, maxp, firstp (the scorer) or parade-attn, parade-transformer (the aggregator)."""
+    """What is trained: keyb2, keyb2-blocks, maxp, firstp (the scorer) or parade-attn, parade-transformer, keyb2-blocks-attn (the aggregator)."""
     selector: str | None = "bm25"
     """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
     tasks: tuple[str, ...] = ()
@@ -122,7 +122,9 @@ class FinetuneConfig:
                 raise ValueError(f"{self.strategy} trains with the encoder frozen (its graph is exported from the starting "
                                  "checkpoint); fine-tune the scorer first (--strategy maxp) and start from it")
             return self.strategy in LEARNED_GRAPHS
-        if not self.strategy.startswith("parade-"):
+        from keyrank.aggregators import KINDS as AGGREGATORS
+
+        if self.strategy not in AGGREGATORS:
             return True
         return self.freeze_encoder is False
 
