@@ -45,6 +45,26 @@ def test_bm25_equals_rank_bm25_given_the_same_idf(corpus, query, k1, b):
     np.testing.assert_allclose(ours, expected, rtol=1e-9, atol=1e-9)
 
 
+@settings(max_examples=200, deadline=None)
+@given(token_lists, st.lists(st.integers(0, 4), min_size=1, max_size=8), st.lists(st.integers(1000, 1030), min_size=1, max_size=6))
+def test_per_document_scores_are_each_documents_own(corpus, sizes, query):
+    """With per-document IDF and length, a call over several documents (some with no blocks at all) scores each
+    block as a call over its document alone does."""
+    counts, left = [], len(corpus)
+    for size in sizes:  # the blocks cut into documents of these sizes, zeros kept; the rest to the last
+        counts.append(min(size, left))
+        left -= counts[-1]
+    counts[-1] += left
+    query = np.asarray(query, dtype=np.int64)
+    together = bm25_scores(query, _as_blocks(corpus), per_document=counts)
+    alone, at = [], 0
+    for n in counts:
+        if n:
+            alone.append(bm25_scores(query, _as_blocks(corpus[at:at + n]), per_document=[n]))
+        at += n
+    np.testing.assert_array_equal(together, np.concatenate(alone))
+
+
 def test_default_idf_is_scikit_learns_smoothed_idf():
     corpus = [[1000, 1001, 1002], [1001, 1003], [1001, 1002, 1004, 1004], [1005]]
     vectorizer = TfidfVectorizer(analyzer=lambda doc: doc, smooth_idf=True).fit([list(map(str, d)) for d in corpus])

@@ -235,11 +235,7 @@ class Pipeline:
 
     def inputs(self, query: Encoded, docs: list[Encoded], passages: list[Passage]) -> ModelInputs:
         """The model's template around the query and each passage's token ranges."""
-        t = self.template
-        built = [t.build(query.ids, docs[p.doc].ids, p.starts, p.ends) for p in passages]
-        q = len(query.ids)
-        roles = [t.roles(q, len(ids) - t.frame_tokens - q) for ids, _ in built]
-        return ModelInputs([ids for ids, _ in built], [types for _, types in built], roles)
+        return ModelInputs(*self.template.build_all(query.ids, [(docs[p.doc].ids, p.starts, p.ends) for p in passages]))
 
     # --- all of it -----------------------------------------------------------------------------
     def resolve(self, options: RerankOptions | Resolved) -> Resolved:

@@ -83,19 +83,33 @@ class InputTemplate:
         self, query_ids: np.ndarray, doc_ids: np.ndarray, starts: Sequence[int], ends: Sequence[int]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Model ids and token types for the query and the document ranges [starts[i], ends[i])."""
-        parts = [np.asarray(self.prefix, np.int64), query_ids, np.asarray(self.middle, np.int64)]
-        parts += [doc_ids[s:e] for s, e in zip(starts, ends)]
-        parts.append(np.asarray(self.suffix, np.int64))
-        ids = np.concatenate(parts).astype(np.int64, copy=False)
-        types = np.zeros(ids.shape[0], dtype=np.int64)
+        ids, types, _ = self.build_all(query_ids, [(doc_ids, starts, ends)])
+        return ids[0], types[0]
+
+    def build_all(self, query_ids: np.ndarray, ranges: Sequence[tuple[np.ndarray, Sequence[int], Sequence[int]]]
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """``build`` and ``roles`` for many (document ids, starts, ends) with one query: ids, types and roles of each.
+        The frame and the query are laid out once, not once per sequence (a request has hundreds)."""
+        q = query_ids.shape[0]
+        head = np.concatenate([np.asarray(self.prefix, np.int64), query_ids, np.asarray(self.middle, np.int64)]).astype(np.int64, copy=False)
+        tail = np.asarray(self.suffix, np.int64)
+        head_roles = self.roles(q, 0)[: head.shape[0]]
+        tail_roles = np.zeros(tail.shape[0], np.int8)
         if self.uses_token_types:
-            n_doc = ids.shape[0] - self.frame_tokens - query_ids.shape[0]
-            types[:] = np.concatenate([
-                _types(self.prefix_types, len(self.prefix)), np.full(query_ids.shape[0], self.query_type),
-                _types(self.middle_types, len(self.middle)), np.full(n_doc, self.document_type),
-                _types(self.suffix_types, len(self.suffix)),
-            ])
-        return ids, types
+            head_types = np.concatenate([_types(self.prefix_types, len(self.prefix)), np.full(q, self.query_type, np.int64),
+                                         _types(self.middle_types, len(self.middle))])
+            tail_types = _types(self.suffix_types, len(self.suffix))
+        ids, types, roles = [], [], []
+        for doc_ids, starts, ends in ranges:
+            row = np.concatenate([head, *(doc_ids[s:e] for s, e in zip(starts, ends)), tail])
+            n_doc = row.shape[0] - head.shape[0] - tail.shape[0]
+            ids.append(row)
+            if self.uses_token_types:
+                types.append(np.concatenate([head_types, np.full(n_doc, self.document_type, np.int64), tail_types]))
+            else:
+                types.append(np.zeros(row.shape[0], np.int64))
+            roles.append(np.concatenate([head_roles, np.full(n_doc, ROLE_DOCUMENT, np.int8), tail_roles]))
+        return ids, types, roles
 
     def roles(self, query_tokens: int, document_tokens: int) -> np.ndarray:
         """int8 [n] what each position of ``build``'s output holds: ``ROLE_QUERY``, ``ROLE_DOCUMENT`` or 0 (frame).

@@ -21,7 +21,7 @@ from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
 from keyrank.pipeline import Pipeline, RerankOptions
 
-CASES = (("keyb2", "bm25"), ("maxp", None), ("firstp", None))
+CASES = (("keyb2-blocks", "bm25"), ("keyb2", "bm25"), ("maxp", None), ("firstp", None))
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -92,9 +92,9 @@ def run(model_dir: Path, datasets: Path, *, candidates: int = 100, repeats: int 
 def print_table(result: dict) -> None:
     print(f"one request of {result['candidates']} QMSum documents ({result['document_tokens']:,} tokens), "
           f"preprocessing median of {result['repeats']}: cold vs every document seen before")
-    print(f"{'strategy':<14}{'cold ms':>10}{'cached ms':>11}{'speedup':>9}")
+    print(f"{'strategy':<19}{'cold ms':>10}{'cached ms':>11}{'speedup':>9}")
     for name, row in result["seen_before"].items():
-        print(f"{name:<14}{row['cold_ms']:>10.1f}{row['warm_ms']:>11.1f}{row['speedup']:>8.1f}x")
+        print(f"{name:<19}{row['cold_ms']:>10.1f}{row['warm_ms']:>11.1f}{row['speedup']:>8.1f}x")
     if "popular" in result:
         p = result["popular"]
         print(f"popular documents (keyb2/bm25): {p['requests']} requests x {p['candidates']} candidates drawn by Zipf(1) "

@@ -139,11 +139,12 @@ def bm25_scores(
     if n_blocks == 0 or query_terms.shape[0] == 0:
         return np.zeros(n_blocks, dtype=np.float64)
     vocab, query_tf = np.unique(query_terms, return_counts=True)
-    # Position of each block term in the query vocabulary (or -1).
-    pos = np.searchsorted(vocab, blocks.terms)
-    pos = np.minimum(pos, vocab.shape[0] - 1)
-    hit = vocab[pos] == blocks.terms
+    # Position of each block term in the query vocabulary (or -1), by a lookup table over the ids.
     q = vocab.shape[0]
+    lookup = np.full(int(max(blocks.terms.max(initial=0), vocab[-1])) + 1, -1, dtype=np.int64)
+    lookup[vocab] = np.arange(q)
+    pos = lookup[blocks.terms]
+    hit = pos >= 0
     tf = np.bincount(blocks.block_of[hit] * q + pos[hit], minlength=n_blocks * q).reshape(n_blocks, q)
     if per_document is None:
         if idf_table is None:
@@ -156,8 +157,10 @@ def bm25_scores(
     counts = np.asarray(per_document, dtype=np.int64)
     doc = np.repeat(np.arange(counts.shape[0]), counts)
     if idf_table is None:
-        df = np.zeros((counts.shape[0], q), dtype=np.int64)
-        np.add.at(df, doc, tf > 0)  # blocks of each document holding each query term
+        df = np.zeros((counts.shape[0], q), dtype=np.int64)  # blocks of each document holding each query term
+        held = counts > 0  # a document's blocks are contiguous rows: one reduceat over the documents that have any
+        if held.any():
+            df[held] = np.add.reduceat((tf > 0).astype(np.int64), (np.cumsum(counts) - counts)[held], axis=0)
         idf = smoothed_idf(df, counts[:, None])[doc]  # [B, q]: each block its document's IDF
     else:
         idf = idf_table.lookup(vocab)[None, :]

@@ -155,14 +155,13 @@ def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: 
     2026-11-27). An input that holds none of ``anchors`` is read whole."""
     if not len(anchors):
         return list(passages)
-    at_anchor: dict[int, np.ndarray] = {}  # per document: which tokens are anchors (one np.isin a document)
+    anchors = np.asarray(anchors, dtype=np.int64)[:, None]  # a handful of ids: compared directly, no sort
     out = []
     for p in passages:
         start = int(p.starts[0]) if len(p.starts) else 0
         if start > 0:
-            if p.doc not in at_anchor:
-                at_anchor[p.doc] = np.isin(docs[p.doc].ids, anchors)
-            hits = np.flatnonzero(at_anchor[p.doc][start:int(p.ends[-1])])  # a run's blocks follow each other
+            held = docs[p.doc].ids[start:int(p.ends[-1])]  # a run's blocks follow each other
+            hits = np.flatnonzero((held == anchors).any(axis=0))
             if hits.size and hits[0] > lead:
                 begin = start + int(hits[0]) - lead
                 keep = p.ends > begin
