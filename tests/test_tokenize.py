@@ -1,5 +1,5 @@
-"""Stage 1: the offsets keyrank computes for plain-ASCII text equal the tokenizer's own, and every other text
-still gets the tokenizer's."""
+"""Stage 1: the ids and offsets keyrank computes for plain-ASCII text (without the normalizer, offsets from the
+ids) equal the tokenizer's own, and every other text still gets the tokenizer's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from keyrank.tokenize import TextTokenizer
+from keyrank.tokenize import _PLAIN, TextTokenizer
 from shared_data import CE_MODEL
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
@@ -26,6 +26,24 @@ def _reference(text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(enc.ids, dtype=np.int64), np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
 
 
+def _fast(texts: list[str]) -> list[bool]:
+    """Which of ``texts`` ``encode_documents`` read on the fast path (ids without the normalizer, offsets computed)."""
+    seen, original = [], TOKENIZER._plain_pieces
+
+    def recording(raw, token_ids):
+        result = original(raw, token_ids)
+        seen.append((raw.tobytes().decode("ascii"), result is not None))
+        return result
+
+    TOKENIZER._plain_pieces = recording
+    try:
+        TOKENIZER.encode_documents(texts)
+    finally:
+        del TOKENIZER._plain_pieces
+    taken = dict(seen)
+    return [taken.get(t, False) for t in texts]
+
+
 def _assert_same(texts: list[str], tokenizer: TextTokenizer = TOKENIZER) -> None:
     for text, enc in zip(texts, tokenizer.encode_documents(texts), strict=True):
         ids, offsets = _reference(text)
@@ -38,17 +56,15 @@ def _assert_same(texts: list[str], tokenizer: TextTokenizer = TOKENIZER) -> None
 @given(st.lists(ascii_texts, min_size=1, max_size=6))
 def test_ascii_offsets_equal_the_tokenizers_own(texts):
     _assert_same(texts)
-    for text in texts:  # and they came from the fast path, unless a word was [UNK]
-        computed = TOKENIZER._ascii_pieces(text, REFERENCE.encode(text, add_special_tokens=False).ids)
-        assert (computed is None) == ("x" * 101 in text), text
+    for text, fast in zip(texts, _fast(texts)):  # and they came from the fast path, unless a word was [UNK]
+        assert fast == ("x" * 101 not in text), text
 
 
 def test_text_the_fast_path_cannot_read_exactly_gets_the_tokenizers_offsets():
     texts = ["naïve café", "a\x01b c", "del\x7f here", "x" * 120 + " word", "plain text", "", "“quoted” — dash",
              "emoji 🙂 ok", "tab\tand\x0bvertical tab"]
     _assert_same(texts)
-    for text in ("a\x01b c", "del\x7f here", "x" * 120 + " word", "tab\tand\x0bvertical tab"):
-        assert TOKENIZER._ascii_pieces(text, REFERENCE.encode(text, add_special_tokens=False).ids) is None, text
+    assert _fast(texts) == [False, False, False, False, True, True, False, False, False]
     # In a batch, texts of both paths keep their order.
     assert [e.text for e in TOKENIZER.encode_documents(texts)] == texts
 
@@ -71,7 +87,7 @@ def bpe_tokenizer():
 
 def test_a_tokenizer_other_than_berts_wordpiece_keeps_its_own_offsets(bpe_tokenizer):
     tokenizer = TextTokenizer(bpe_tokenizer)
-    assert tokenizer._piece_chars is None
+    assert tokenizer._plain_tok is None
     (enc,) = tokenizer.encode_documents(["the meeting decided"])
     expected = bpe_tokenizer.encode("the meeting decided", add_special_tokens=False)
     assert np.array_equal(enc.offsets, np.asarray(expected.offsets).reshape(-1, 2))
@@ -79,6 +95,6 @@ def test_a_tokenizer_other_than_berts_wordpiece_keeps_its_own_offsets(bpe_tokeni
 
 def test_a_template_lead_keeps_the_tokenizers_offsets():
     tokenizer = TextTokenizer.from_file(CE_MODEL / "tokenizer.json", text_lead=": ")
-    assert tokenizer._piece_chars is None
+    assert tokenizer._plain_tok is None
     (enc,) = tokenizer.encode_documents(["budget review"])
     assert enc.text[slice(*enc.char_span(0, len(enc)))] == "budget review"

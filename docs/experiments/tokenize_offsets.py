@@ -1,5 +1,5 @@
-"""The tokenize stage with offsets computed from the ids (plain ASCII) against the tokenizer's own offsets
-(docs/PERFORMANCE.md, section 2), in one run.
+"""The tokenize stage on its plain-ASCII path (no normalizer, offsets computed from the ids) against the tokenizer's
+own normalizer and offsets (docs/PERFORMANCE.md, section 2), in one run.
 
     .venv/bin/python docs/experiments/tokenize_offsets.py [--rounds 7]
 
@@ -28,9 +28,9 @@ def main() -> None:
     args = parser.parse_args()
     pipeline = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=args.models, document_cache_bytes=0))
     tokenizer = pipeline.tokenizer
-    computed = tokenizer._piece_chars
+    computed = tokenizer._plain_tok
     if computed is None:
-        sys.exit("this tokenizer has no computed offsets (not BERT WordPiece): nothing to compare")
+        sys.exit("this tokenizer has no plain-ASCII path (not BERT WordPiece): nothing to compare")
     pool, queries = candidate_documents(Path("../shared/datasets"), tokenizer, 100)
     tokens = sum(len(d) for d in pipeline.encode(queries[0], pool)[1])
     print(f"{len(pool)} documents, {tokens:,} tokens, {sum(t.isascii() for t in pool)} of them ASCII; median of {args.rounds} rounds")
@@ -41,11 +41,11 @@ def main() -> None:
         stages: dict[str, list[dict]] = {"tokenizer": [], "computed": []}
         for _ in range(args.rounds):
             for way, table in (("tokenizer", None), ("computed", computed)):
-                tokenizer._piece_chars = table
+                tokenizer._plain_tok = table
                 timer = StageTimer()
                 pipeline.plan(queries[0], pool, options, timer=timer)
                 stages[way].append(timer.total())
-        tokenizer._piece_chars = computed
+        tokenizer._plain_tok = computed
         totals = {}
         for way, rows in stages.items():
             tok = statistics.median(r["tokenize"] for r in rows)

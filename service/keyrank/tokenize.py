@@ -70,6 +70,13 @@ class TextTokenizer:
         self._is_special[self.special_ids] = True
         self._piece_chars = _wordpiece_lengths(self._tok) if not text_lead else None
         """Characters each id covers, where plain-ASCII offsets can be computed here (None: never)."""
+        self._plain_tok, self._lowercase = None, False
+        if self._piece_chars is not None:
+            # The same tokenizer without its normalizer, for plain ASCII (see _plain_pieces).
+            self._plain_tok = Tokenizer.from_str(self._tok.to_str())
+            self._plain_tok.normalizer = None
+            self._plain_tok.encode_special_tokens = True
+            self._lowercase = bool(self._tok.normalizer.lowercase)
 
     @classmethod
     def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = ()) -> TextTokenizer:
@@ -89,12 +96,12 @@ class TextTokenizer:
         """All texts in one batched call (the Rust side runs them in parallel)."""
         texts = list(texts)
         pieces: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(texts)
-        if self._piece_chars is not None:
-            # Plain-ASCII texts skip the tokenizer's offsets: building 2n Python ints and reading them back
-            # into numpy cost a third of the tokenize stage, single-threaded (docs/PERFORMANCE.md, section 2).
-            plain = [i for i, t in enumerate(texts) if t.isascii()]
-            for i, enc in zip(plain, self._tok.encode_batch_fast([texts[i] for i in plain], add_special_tokens=False)):
-                pieces[i] = self._ascii_pieces(texts[i], enc.ids)
+        if self._plain_tok is not None:
+            raw = {i: np.frombuffer(t.encode("ascii"), dtype=np.uint8) for i, t in enumerate(texts) if t.isascii()}
+            plain = [i for i, r in raw.items() if _PLAIN[r].all()]
+            lowered = [texts[i].lower() if self._lowercase else texts[i] for i in plain]
+            for i, enc in zip(plain, self._plain_tok.encode_batch_fast(lowered, add_special_tokens=False)):
+                pieces[i] = self._plain_pieces(raw[i], enc.ids)
         rest = [i for i, p in enumerate(pieces) if p is None]
         lead = len(self.text_lead)
         for i, enc in zip(rest, self._tok.encode_batch([self.text_lead + texts[i] for i in rest], add_special_tokens=False)):
@@ -102,17 +109,18 @@ class TextTokenizer:
             pieces[i] = np.asarray(enc.ids, dtype=np.int64), np.maximum(offsets - lead, 0) if lead else offsets
         return [self._encoded(text, ids, offsets, max_tokens) for text, (ids, offsets) in zip(texts, pieces)]
 
-    def _ascii_pieces(self, text: str, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
-        """Ids and offsets of an ASCII ``text`` from its ids alone, or None where that is not exact.
+    def _plain_pieces(self, raw: np.ndarray, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """Ids and offsets of a plain-ASCII text (``raw``, its bytes: printable, tab and newlines only) from ids the
+        tokenizer gave without its normalizer and without offsets, or None where they are not exact.
 
-        With BERT's normalizer and pre-tokenizer, printable ASCII, tab and newlines keep their length, and the
-        pieces, ``##`` cut, spell the text's non-whitespace characters in order. So piece lengths laid over
-        those characters are the offsets, except where a piece is [UNK] (a word over 100 characters) or the
-        text has a control byte the normalizer deletes: those go through the tokenizer's own offsets."""
+        On such text BERT's normalizer only lowercases (it turns tab and newlines into spaces, which the
+        pre-tokenizer splits on anyway; there is nothing to clean, strip or space out), so lowercasing first and
+        skipping it gives the same ids: a third of the Rust time saved. And the pieces, ``##`` cut, spell the
+        text's non-whitespace characters in order, so piece lengths laid over those characters are the offsets:
+        building 2n Python ints and reading them back into numpy, single-threaded, was another third of the
+        tokenize stage (docs/PERFORMANCE.md, section 2). Not exact where a piece is [UNK] (a word over 100
+        characters): that text goes through the tokenizer's own offsets."""
         ids = np.asarray(token_ids, dtype=np.int64)
-        raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
-        if not _PLAIN[raw].all():
-            return None
         chars = np.flatnonzero(~_WHITESPACE[raw]).astype(np.int32)
         lengths = self._piece_chars[ids]
         ends = np.cumsum(lengths, dtype=np.int64)
