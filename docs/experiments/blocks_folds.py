@@ -14,7 +14,9 @@ evaluation's memo scores them once:
   chosen, now ``aggregate``'s ``lse`` and what keyb2-blocks serves);
 - `kbf-pmax-lse`: PARADE-max plus what log-sum-exp adds to the max logit;
 - `kbf-pmix`: the head on the mean of the max and the mean pooled vectors;
-- `kbf-top2`: the mean of the two best logits (one input: its logit).
+- `kbf-top2`: the mean of the two best logits (one input: its logit);
+- `kbf-lme`: log-mean-exp, log-sum-exp less the log of the document's input count (so that a document whose
+  chosen blocks fall in more separate runs gains nothing for that alone).
 
 A diagnostic for choosing on dev: nothing in the product changes.
 """
@@ -31,7 +33,7 @@ from keyrank.aggregate import Aggregated, aggregate
 from keyrank.evaluation import cli
 from keyrank.strategies import REGISTRY
 
-FOLDS = ("pmax", "max", "lse", "pmax-lse", "pmix", "top2")
+FOLDS = ("pmax", "max", "lse", "pmax-lse", "pmix", "top2", "lme")
 
 
 def folded(method, doc_of, logits, pooled, head, trained):
@@ -55,6 +57,8 @@ def folded(method, doc_of, logits, pooled, head, trained):
         p = np.asarray(pooled, dtype=np.float64)
         counts = np.diff(np.append(firsts, len(doc_of)))
         scores = head((np.maximum.reduceat(p, firsts, axis=0) + np.add.reduceat(p, firsts, axis=0) / counts[:, None]) / 2)
+    elif fold == "lme":
+        scores = lse - np.log(np.diff(np.append(firsts, len(doc_of))))
     elif fold == "top2":
         scores = np.array([np.sort(g)[-2:].mean() for g in np.split(np.asarray(logits, dtype=np.float64), firsts[1:])])
     else:
