@@ -30,6 +30,28 @@ ROUTES = ("/rerank", "/v1/rerank", "/v2/rerank")
 JSON = {"content-type": "application/json"}
 
 
+def _too_deep_by_every_byte(body: bytes):
+    """The depth check as first written: strings blanked, the depth after every byte (the reference)."""
+    import numpy as np
+    from keyrank.api.body import _STRING, MAX_DEPTH
+
+    codes = np.frombuffer(_STRING.sub(lambda m: b" " * len(m.group()), body), dtype=np.uint8)
+    depth = np.cumsum(np.isin(codes, (ord("["), ord("{"))).astype(np.int64) - np.isin(codes, (ord("]"), ord("}"))))
+    over = np.flatnonzero(depth > MAX_DEPTH)
+    return int(over[0]) if over.size else None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"[", b"]", b"{", b"}", b'"', b"\\", b'\\"', b"a", b"{vocalsound}", b'"[[{"', b"[" * 30]),
+                max_size=200))
+def test_the_depth_check_finds_the_bracket_every_byte_does(parts):
+    """Brackets inside strings, escaped quotes, unterminated strings: the bracket walk names the same offset."""
+    from keyrank.api.body import _too_deep
+
+    body = b"".join(parts)
+    assert _too_deep(body) == _too_deep_by_every_byte(body)
+
+
 def _body(path: str, query: str, documents: list, **extra) -> dict:
     """A request in ``path``'s shape (/v2 needs a model)."""
     return {**({"model": "rerank-v3.5"} if path == "/v2/rerank" else {}), "query": query, "documents": documents, **extra}

@@ -100,15 +100,24 @@ def parse_json(body: bytes) -> Any:
 
 
 def _too_deep(body: bytes) -> int | None:
-    """Offset of the bracket that opens level MAX_DEPTH + 1 (outside strings), or None."""
+    """Offset of the bracket that opens level MAX_DEPTH + 1 (outside strings), or None.
+
+    Only the brackets are walked: each is dropped when a string holds it (its offset inside a string's span), and
+    the depth is the running sum over the rest. Text with brackets in it (transcripts' ``{vocalsound}``) costs a
+    pass of the string pattern and a few array operations, not a depth for every byte of the body."""
     if body.count(b"[") + body.count(b"{") <= MAX_DEPTH:
         return None
-    blanked = _STRING.sub(lambda m: b" " * len(m.group()), body)  # same offsets, no brackets inside strings
-    codes = np.frombuffer(blanked, dtype=np.uint8)
-    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int32) - np.isin(codes, (ord("]"), ord("}")))
-    depth = np.cumsum(steps)
-    over = np.flatnonzero(depth > MAX_DEPTH)
-    return int(over[0]) if over.size else None
+    codes = np.frombuffer(body, dtype=np.uint8)
+    at = np.flatnonzero((codes == 0x5B) | (codes == 0x5D) | (codes == 0x7B) | (codes == 0x7D))  # [ ] { }
+    spans = np.fromiter((i for m in _STRING.finditer(body) for i in m.span()), dtype=np.int64).reshape(-1, 2)
+    inside = np.zeros(at.shape[0], dtype=bool)
+    if spans.size:
+        last = np.searchsorted(spans[:, 0], at, side="right") - 1  # the string starting at or before each bracket
+        inside = (last >= 0) & (at < spans[np.maximum(last, 0), 1])
+    at = at[~inside]
+    opens = (codes[at] == 0x5B) | (codes[at] == 0x7B)
+    over = np.flatnonzero(np.cumsum(np.where(opens, 1, -1)) > MAX_DEPTH)
+    return int(at[over[0]]) if over.size else None
 
 
 def _position(text: str, literal: str) -> int | None:
