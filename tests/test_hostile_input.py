@@ -74,6 +74,17 @@ def dead_client(prepared_models):
         yield c
 
 
+def test_the_blank_document_pattern_is_built_at_start_not_by_the_first_request(prepared_models):
+    """Building it reads every Unicode code point (~0.4 s): the gateway's start pays that, no request does."""
+    from keyrank import blank
+
+    blank._readable_character.cache_clear()
+    app = create_app(Settings(model_dir=prepared_models, triton_url=DEAD_TRITON, triton_connect_timeout_s=0.5))
+    assert blank._readable_character.cache_info().currsize == 0
+    with TestClient(app):
+        assert blank._readable_character.cache_info().currsize == 1
+
+
 # --------------------------------------------------------------------------- lone surrogates: 422 naming the field
 
 

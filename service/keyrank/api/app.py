@@ -18,6 +18,7 @@ from keyrank.api.middleware import ApiKeyGate, BodyLimit, CloseUnreadBody, Reque
 from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
 from keyrank.api.routes import cohere, infinity, jina, native, openai, served_names, tei
+from keyrank.blank import warm_up
 from keyrank.config import Settings, get_settings
 from keyrank.reranker import Reranker
 
@@ -37,6 +38,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        warm_up()  # the blank-document pattern over all of Unicode: built here, not by the first request
         if app.state.reranker is not None:
             yield
             return
