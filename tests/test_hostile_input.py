@@ -52,6 +52,26 @@ def test_the_depth_check_finds_the_bracket_every_byte_does(parts):
     assert _too_deep(body) == _too_deep_by_every_byte(body)
 
 
+@pytest.mark.parametrize("depth", [1, 62, 63, 64, 999, 5_000])
+@pytest.mark.parametrize("shape", ["arrays", "objects"])
+def test_a_body_is_refused_past_64_levels_at_the_bracket_that_opens_the_65th(depth, shape):
+    """Checked on the parsed value (or at the parser's own recursion limit) and placed by the bracket walk; text
+    full of brackets inside strings does not count. The body's own object is level 1, so ``depth`` nested
+    containers under it make depth + 1 levels."""
+    from keyrank.api.body import InvalidJson, parse_json
+
+    opener, closer = (b'{"a":', b"}") if shape == "objects" else (b"[", b"]")
+    head = b'{"query": "[{[{", "documents": ["{vocalsound} [x]", "' + b"[" * 200 + b'"], "x": '
+    body = head + opener * depth + b"1" + closer * depth + b"}"
+    if depth + 1 <= 64:
+        assert parse_json(body)["documents"][0] == "{vocalsound} [x]"
+        return
+    with pytest.raises(InvalidJson, match="nested deeper than 64") as refused:
+        parse_json(body)
+    column = len(head) + 63 * len(opener) + 1  # the 64th nested opener is level 65
+    assert str(refused.value).endswith(f"at line 1, column {column}"), str(refused.value)
+
+
 def _body(path: str, query: str, documents: list, **extra) -> dict:
     """A request in ``path``'s shape (/v2 needs a model)."""
     return {**({"model": "rerank-v3.5"} if path == "/v2/rerank" else {}), "query": query, "documents": documents, **extra}

@@ -83,20 +83,40 @@ def parse_json(body: bytes) -> Any:
     except UnicodeDecodeError as e:
         shown = body[:e.start].decode("utf-8", errors="replace")
         raise InvalidJson(f"not UTF-8 (byte 0x{body[e.start]:02x})", shown, len(shown)) from None
-    too_deep = _too_deep(body)
-    if too_deep is not None:
-        raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects", text, len(body[:too_deep].decode()))
     try:
         value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise InvalidJson(e.msg, text, e.pos) from None
     except _Refused as e:
         raise InvalidJson(e.reason, text, _position(text, e.literal)) from None
-    except RecursionError:  # unreachable after _too_deep; kept so no body can reach a 500
-        raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects") from None
+    except RecursionError:  # nested past the parser's own limit (~1000 levels): deeper than ours for certain
+        value = _TOO_DEEP
+    # The parser's recursion is bounded (RecursionError, above), so the depth is checked on what it built: a rerank
+    # body has a handful of containers. Only a body found too deep pays for the bracket walk that places the error.
+    if value is _TOO_DEEP or (body.count(b"[") + body.count(b"{") > MAX_DEPTH and _nested_deeper(value)):
+        at = _too_deep(body)
+        raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects", text, None if at is None else len(body[:at].decode()))
     if "\\u" in text and re.search(r"\\u[dD][89a-fA-F]", text):
         _refuse_lone_surrogates(value, "")
     return value
+
+
+_TOO_DEEP = object()
+"""What ``json.loads`` gave when it ran out of recursion."""
+
+
+def _nested_deeper(value: Any) -> bool:
+    """Whether containers nest more than MAX_DEPTH deep in a parsed value (walked with a stack, not recursion)."""
+    if not isinstance(value, (list, dict)):
+        return False
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return False
 
 
 def _too_deep(body: bytes) -> int | None:
