@@ -234,3 +234,34 @@ def test_triton_and_in_process_scorers_rank_every_family_alike(prepared, family_
             got = {r.index: r.score for r in remote.rank("who chaired the meeting", docs, strategy=strategy).results}
             assert got.keys() == want.keys()
             np.testing.assert_allclose([got[i] for i in sorted(got)], [want[i] for i in sorted(want)], atol=1e-4)
+
+
+def _template_frames():
+    from keyrank.template import InputTemplate
+
+    bert = InputTemplate.bert(101, 102, 0)
+    prompt = InputTemplate("prompt", 512, (7, 8), (9,), (10, 11, 12), (0, 0), (0,), (0, 0, 0), 0, 0, False, 0)
+    typed = InputTemplate("typed", 512, (5,), (6, 6), (6,), (2,), (2, 3), (3,), 2, 3, True, 0)
+    return [bert, prompt, typed]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2), st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 12)), max_size=4), min_size=1, max_size=6),
+       st.integers(0, 6))
+def test_inputs_built_together_equal_each_built_from_the_frame(which, ranges, query_length):
+    """build_all (the frame and query laid out once) gives every input the ids, types and roles the frame spells."""
+    from keyrank.template import ROLE_DOCUMENT, ROLE_QUERY
+
+    template = _template_frames()[which]
+    query, doc = np.arange(1000, 1000 + query_length, dtype=np.int64), np.arange(2000, 2060, dtype=np.int64)
+    spans = [([a for a, n in r], [a + n for a, n in r]) for r in ranges]
+    ids, types, roles = template.build_all(query, [(doc, starts, ends) for starts, ends in spans])
+    for (starts, ends), got_ids, got_types, got_roles in zip(spans, ids, types, roles, strict=True):
+        pieces = [doc[s:e] for s, e in zip(starts, ends)]
+        n_doc = sum(len(p) for p in pieces)
+        assert got_ids.tolist() == [*template.prefix, *query.tolist(), *template.middle, *np.concatenate([[], *pieces]).astype(int).tolist(), *template.suffix]
+        expected_types = ([*template.prefix_types, *[template.query_type] * query_length, *template.middle_types,
+                           *[template.document_type] * n_doc, *template.suffix_types] if template.uses_token_types else [0] * len(got_ids))
+        assert got_types.tolist() == expected_types
+        assert got_roles.tolist() == [0] * len(template.prefix) + [ROLE_QUERY] * query_length + [0] * len(template.middle) + [ROLE_DOCUMENT] * n_doc + [0] * len(template.suffix)
+        assert got_ids.dtype == got_types.dtype == np.int64 and got_roles.dtype == np.int8

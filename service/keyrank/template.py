@@ -98,17 +98,17 @@ class InputTemplate:
         if self.uses_token_types:
             head_types = np.concatenate([_types(self.prefix_types, len(self.prefix)), np.full(q, self.query_type, np.int64),
                                          _types(self.middle_types, len(self.middle))])
-            tail_types = _types(self.suffix_types, len(self.suffix))
-        ids, types, roles = [], [], []
-        for doc_ids, starts, ends in ranges:
-            row = np.concatenate([head, *(doc_ids[s:e] for s, e in zip(starts, ends)), tail])
-            n_doc = row.shape[0] - head.shape[0] - tail.shape[0]
-            ids.append(row)
-            if self.uses_token_types:
-                types.append(np.concatenate([head_types, np.full(n_doc, self.document_type, np.int64), tail_types]))
-            else:
-                types.append(np.zeros(row.shape[0], np.int64))
-            roles.append(np.concatenate([head_roles, np.full(n_doc, ROLE_DOCUMENT, np.int8), tail_roles]))
+            tail_types, document_type = _types(self.suffix_types, len(self.suffix)), self.document_type
+        else:  # zeros are sent and ignored
+            head_types, tail_types, document_type = np.zeros(head.shape[0], np.int64), np.zeros(tail.shape[0], np.int64), 0
+        ids = [np.concatenate([head, *(doc_ids[s:e] for s, e in zip(starts, ends)), tail]) for doc_ids, starts, ends in ranges]
+        # Types and roles are the head's, then one value per document token, then the tail's: cut from one long row.
+        longest = max((row.shape[0] for row in ids), default=0)
+        body_types = np.concatenate([head_types, np.full(longest, document_type, np.int64)])
+        body_roles = np.concatenate([head_roles, np.full(longest, ROLE_DOCUMENT, np.int8)])
+        cut = [row.shape[0] - tail.shape[0] for row in ids]
+        types = [np.concatenate([body_types[:n], tail_types]) for n in cut]
+        roles = [np.concatenate([body_roles[:n], tail_roles]) for n in cut]
         return ids, types, roles
 
     def roles(self, query_tokens: int, document_tokens: int) -> np.ndarray:
