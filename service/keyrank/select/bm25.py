@@ -156,17 +156,19 @@ def bm25_scores(
         return _saturate(tf, norm, k1) @ (idf * query_tf)
     counts = np.asarray(per_document, dtype=np.int64)
     doc = np.repeat(np.arange(counts.shape[0]), counts)
+    ends = np.cumsum(counts)
+    starts = ends - counts  # a document's blocks are the contiguous rows [starts[d], ends[d])
     if idf_table is None:
         df = np.zeros((counts.shape[0], q), dtype=np.int64)  # blocks of each document holding each query term
-        held = counts > 0  # a document's blocks are contiguous rows: one reduceat over the documents that have any
+        held = counts > 0  # one reduceat over the documents that have any blocks
         if held.any():
-            df[held] = np.add.reduceat((tf > 0).astype(np.int64), (np.cumsum(counts) - counts)[held], axis=0)
+            df[held] = np.add.reduceat((tf > 0).astype(np.int64), starts[held], axis=0)
         idf = smoothed_idf(df, counts[:, None])[doc]  # [B, q]: each block its document's IDF
     else:
         idf = idf_table.lookup(vocab)[None, :]
     # Sums in a document's own block order: the same blocks give the same bits in any request.
     avgdl = np.array([max(float(blocks.lengths[a:z].mean()), 1e-9) if z > a else 1.0
-                      for a, z in zip(np.cumsum(counts) - counts, np.cumsum(counts))])
+                      for a, z in zip(starts, ends)])
     norm = k1 * (1.0 - b + b * blocks.lengths / avgdl[doc])
     # Row-wise products and sums (no BLAS): one block's score is computed the same way whatever else is in the call.
     return (_saturate(tf, norm, k1) * (idf * query_tf)).sum(axis=1)
