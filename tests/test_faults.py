@@ -294,6 +294,55 @@ def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
     assert [how for how, _ in supervisor.repairs] == ["Triton restart", "model reload"]
 
 
+def test_a_fault_seen_on_a_server_since_replaced_unloads_nothing_from_its_successor(monkeypatch):
+    # The supervisor saw the model not ready on the server a test had just killed; by the time it repaired,
+    # the test had restarted the server, and the unload went to the new one: its next request found no model.
+    from keyrank.modelserver import supervision
+    from dataclasses import replace
+
+    from keyrank.modelserver.supervision import Supervisor
+
+    done: list[str] = []
+
+    class Admin:
+        ready = False
+
+        def server_id(self) -> str:
+            return "ours"
+
+        def model_ready(self, model: str) -> bool:
+            return self.ready
+
+        def unload(self, model: str) -> bool:
+            done.append("unload")
+            return True
+
+    class Server:
+        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (), ("cross_encoder",)
+        server_id, pid, returncode = "ours", 1, None
+        wanted = serving = True
+        lifecycle = threading.RLock()
+        admin = Admin()
+
+        def reload_model(self, models=None) -> None:
+            done.append("reload")
+
+        def restart_locked(self) -> None:
+            done.append("restart")
+
+    monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
+    server = Server()
+    supervisor = Supervisor(server, stable_after_s=0)
+    fault = supervisor.diagnose()
+    assert "not ready" in fault.reason and fault.server_pid == 1
+    server.pid, server.admin.ready = 2, True  # restarted by someone else, serving again
+    supervisor.repair(fault)
+    assert done == []
+    server.admin.ready = False  # the same fault on the server that is running: unloaded and reloaded
+    supervisor.repair(replace(fault, server_pid=2))
+    assert done == ["unload", "reload"]
+
+
 def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_maxp_requests(embedded_triton, reranker):
     # The arena kept every burst's peak: 2.37 GB resident, never shrinking; then, shrunk after each run,
     # the peak still grew with what the batcher merged (806 MB). Runs of at most RUN_TOKENS tokens bound

@@ -32,7 +32,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Protocol
 
@@ -94,6 +94,8 @@ class Fault:
     """What was seen, for the log and for the message when supervision gives up."""
     models: tuple[str, ...] = ()
     """The models a reload replaces: those found faulty; empty, every model (a restart always restarts them all)."""
+    server_pid: int | None = None
+    """The tritonserver the fault was seen on (None: not known, or none was running)."""
 
     def __str__(self) -> str:
         return self.reason
@@ -243,11 +245,15 @@ class Supervisor(threading.Thread):
     # --- detection ----------------------------------------------------------------------
 
     def diagnose(self) -> Fault | None:
-        """What is wrong with the model path right now, or None."""
+        """What is wrong with the model path right now, or None; the fault names the server it was seen on."""
+        pid = self.triton.pid
+        fault = self._diagnose(pid)
+        return None if fault is None else replace(fault, server_pid=pid)
+
+    def _diagnose(self, pid: int | None) -> Fault | None:
         triton = self.triton
         if not triton.wanted or not triton.serving:
             return None  # stopped on purpose, or (re)starting: whoever starts it waits for ready
-        pid = triton.pid
         if pid is None:
             return Fault(Repair.RESTART, f"tritonserver exited (code {triton.returncode})")
         fault = self._check_stubs(pid)
@@ -323,6 +329,9 @@ class Supervisor(threading.Thread):
         detected = time.monotonic()
         triton = self.triton
         seen_pid = triton.pid
+        # Restarted (by a test, an operator) between the check that saw the fault and now: the model to unload
+        # belonged to the server that is gone, and the loop below only confirms the new one serves.
+        replaced = fault.server_pid is not None and seen_pid != fault.server_pid
         if self._repaired_at and detected - self._repaired_at < self.stable_after_s:
             self._failures += 1
         elif self._failures and detected - self._repaired_at >= self.stable_after_s:
@@ -333,7 +342,7 @@ class Supervisor(threading.Thread):
         # Only the faulty models are reloaded: a graph's fault leaves the cross-encoder's stubs (and its
         # strategies) serving.
         scope = tuple(m for m in triton.watched if m in fault.models) or tuple(triton.watched)
-        if how is Repair.RELOAD:
+        if how is Repair.RELOAD and not replaced:
             for model in scope:
                 triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
@@ -346,7 +355,7 @@ class Supervisor(threading.Thread):
                 with triton.lifecycle:
                     if not triton.wanted:
                         return
-                    if triton.pid not in (seen_pid, None) and triton.serving and all(
+                    if (replaced or triton.pid not in (seen_pid, None)) and triton.serving and all(
                         triton.admin.model_ready(model) for model in triton.watched
                     ):
                         return  # someone (a test, an operator) restarted it meanwhile
