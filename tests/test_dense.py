@@ -90,9 +90,11 @@ def test_scores_do_not_depend_on_batch_size_or_on_the_other_blocks(prepared_mode
     # nearly tied blocks, and a document's selection would then depend on the other candidates (test_idf.py).
     docs = [_sentences(p["context"]) for a in articles[:3] for p in a["paragraphs"][:2]]
     question = articles[0]["paragraphs"][0]["qas"][0]["question"]
-    big = DenseSelector(prepared_models, cache_size=0, batch_size=64, runtime=runtime).score_blocks(question, docs)
-    small = DenseSelector(prepared_models, cache_size=0, batch_size=3, runtime=runtime).score_blocks(question, docs)
-    alone = [DenseSelector(prepared_models, cache_size=0, runtime=runtime).score_blocks(question, [d])[0] for d in docs[:2]]
+    selector = DenseSelector(prepared_models, cache_size=0, batch_size=64, runtime=runtime)  # nothing cached: all recomputed
+    big = selector.score_blocks(question, docs)
+    selector.batch_size = 3
+    small = selector.score_blocks(question, docs)
+    alone = [selector.score_blocks(question, [d])[0] for d in docs[:2]]
     assert [len(s) for s in big] == [len(d) for d in docs]
     for a, b in zip(big, small):
         np.testing.assert_array_equal(a, b)

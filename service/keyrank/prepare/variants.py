@@ -176,9 +176,9 @@ def int8_possible(datasets: Path | None) -> str | None:
 
 
 def _cpu_capabilities() -> list[str]:
-    import openvino as ov
+    from keyrank.scoring import openvino
 
-    return list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    return list(openvino.core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
 
 
 def _prepare_openvino_int8(variant: str, key: dict, old: dict, ce_entry: dict, fp32: Path, target: Path, gateway: Path,

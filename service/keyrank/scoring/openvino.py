@@ -12,6 +12,7 @@ the few lines below, since it imports nothing from keyrank.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -39,13 +40,20 @@ def available() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
+@functools.cache
+def core():
+    """This process's one ``openvino.Core``, shared by every session (its methods are thread-safe). A Core per
+    session loaded and released the CPU plugin each time a session was built and dropped."""
+    import openvino as ov
+
+    return ov.Core()
+
+
 def bf16_supported() -> bool:
     """This CPU computes bfloat16 natively (OpenVINO's CPU plugin lists BF16 among its capabilities)."""
     if not available():
         return False
-    import openvino as ov
-
-    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    return "BF16" in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def precision_here(precision: str) -> str:
@@ -60,15 +68,12 @@ class OpenVinoSession:
     ``threads`` cores (0 = this process's usable cores)."""
 
     def __init__(self, path: str | Path, *, precision: str = "bf16", threads: int = 0) -> None:
-        import openvino as ov
-
         self.path = Path(path)
         self.precision = precision_here(precision)
         """What the CPU plugin computes in: ``bf16`` or ``f32``."""
         if self.precision != precision:
             log.warning("this CPU has no bfloat16: %s runs in f32 (same scores as fp32, ~half the speed)", self.path)
-        core = ov.Core()
-        self.compiled = core.compile_model(core.read_model(str(self.path)), "CPU", {
+        self.compiled = core().compile_model(core().read_model(str(self.path)), "CPU", {
             "INFERENCE_PRECISION_HINT": self.precision,
             "INFERENCE_NUM_THREADS": threads or len(os.sched_getaffinity(0)),
             "PERFORMANCE_HINT": "LATENCY",
