@@ -1,5 +1,6 @@
 """Stage 1: the ids and offsets keyrank computes for plain-ASCII text (without the normalizer, offsets from the
-ids) equal the tokenizer's own, and every other text still gets the tokenizer's."""
+ids; the ids word by word from a cache, or from the Rust batch) equal the tokenizer's own, and every other text
+still gets the tokenizer's."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from keyrank import tokenize
+from keyrank.config import Settings
+from keyrank.pipeline import Pipeline
 from keyrank.tokenize import _PLAIN, TextTokenizer
 from shared_data import CE_MODEL
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 TOKENIZER = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+RUST = TextTokenizer.from_file(CE_MODEL / "tokenizer.json", word_cache=False)
 REFERENCE = Tokenizer.from_file(str(CE_MODEL / "tokenizer.json"))
 REFERENCE.encode_special_tokens = True
 
 pieces = st.sampled_from(["the", "Meeting", "decided", "UNaffordable", "##ing", "#", "[SEP]", "[cls]", "e.g.", "3.5%",
-                          "don't", "(remote)", "x" * 101, "~`|", "a-b_c", "", "Z"])
+                          "don't", "(remote)", "x" * 101, "~`|", "a-b_c", "", "Z", "mp3player2026", "{vocalsound}", "\\n"])
 spaces = st.sampled_from([" ", "  ", "\n", "\r\n", "\t", "", " \n\n "])
 ascii_texts = st.lists(st.tuples(pieces, spaces), max_size=40).map(lambda parts: "".join(p + s for p, s in parts))
 
@@ -26,20 +31,20 @@ def _reference(text: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(enc.ids, dtype=np.int64), np.asarray(enc.offsets, dtype=np.int32).reshape(-1, 2)
 
 
-def _fast(texts: list[str]) -> list[bool]:
+def _fast(texts: list[str], tokenizer: TextTokenizer = TOKENIZER) -> list[bool]:
     """Which of ``texts`` ``encode_documents`` read on the fast path (ids without the normalizer, offsets computed)."""
-    seen, original = [], TOKENIZER._plain_pieces
+    seen, original = [], tokenizer._plain_pieces
 
     def recording(raw, token_ids):
         result = original(raw, token_ids)
         seen.append((raw.tobytes().decode("ascii"), result is not None))
         return result
 
-    TOKENIZER._plain_pieces = recording
+    tokenizer._plain_pieces = recording
     try:
-        TOKENIZER.encode_documents(texts)
+        tokenizer.encode_documents(texts)
     finally:
-        del TOKENIZER._plain_pieces
+        del tokenizer._plain_pieces
     taken = dict(seen)
     return [taken.get(t, False) for t in texts]
 
@@ -55,9 +60,57 @@ def _assert_same(texts: list[str], tokenizer: TextTokenizer = TOKENIZER) -> None
 @settings(max_examples=150, deadline=None)
 @given(st.lists(ascii_texts, min_size=1, max_size=6))
 def test_ascii_offsets_equal_the_tokenizers_own(texts):
-    _assert_same(texts)
-    for text, fast in zip(texts, _fast(texts)):  # and they came from the fast path, unless a word was [UNK]
-        assert fast == ("x" * 101 not in text), text
+    for tokenizer in (TOKENIZER, RUST):  # ids from the word cache, and from the Rust batch
+        _assert_same(texts, tokenizer)
+        for text, fast in zip(texts, _fast(texts, tokenizer)):  # and they came from the fast path, unless a word was [UNK]
+            assert fast == ("x" * 101 not in text), text
+
+
+def test_the_word_cache_gives_the_same_ids_when_it_starts_again():
+    words = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+    words.words.capacity = 3  # restarts every few distinct words
+    texts = ["the budget meeting decided the budget, again: 3.5% of (remote) budgets", "unaffordable remote-controls"] * 2
+    _assert_same(texts, words)
+    assert 0 < len(words.words) <= 3
+    assert TOKENIZER.words is not None and RUST.words is None
+
+
+def test_a_cased_wordpiece_reads_capitals_as_they_are():
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "The", "Meet", "##ing", "AB", "##C", "def", "x", "Y", "z", ",", "-", "2", "##6"]
+    cased = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(vocab)}, unk_token="[UNK]"))
+    cased.normalizer = normalizers.BertNormalizer(lowercase=False)
+    cased.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    cased.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+    reference = Tokenizer.from_str(cased.to_str())
+    reference.encode_special_tokens = True
+    tokenizer = TextTokenizer(cased)
+    assert tokenizer.words is not None and not tokenizer._lowercase
+    texts = ["The Meeting,  ABC-def", "x Y z\n26", "the ABC the"]
+    assert _fast(texts, tokenizer) == [True, True, True]
+    for text, enc in zip(texts, tokenizer.encode_documents(texts)):
+        expected = reference.encode(text, add_special_tokens=False)
+        assert enc.ids.tolist() == expected.ids and enc.offsets.tolist() == [list(o) for o in expected.offsets], text
+
+
+@pytest.mark.parametrize(("cores", "workers", "rayon", "pays"), [
+    (2, 1, None, True), (3, 1, None, True), (4, 1, None, False), (16, 1, None, False), (16, 4, None, False),
+    (16, 8, None, True), (16, 1, "2", True), (16, 1, "8", False), (2, 1, "8", True), (16, 1, "0", False),
+])
+def test_auto_takes_the_word_cache_below_four_cores_per_worker(monkeypatch, cores, workers, rayon, pays):
+    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    if rayon is None:
+        monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
+    assert tokenize.word_cache_pays(workers) is pays
+
+
+@pytest.mark.parametrize(("choice", "cores", "expected"), [("on", 16, True), ("off", 2, False), ("auto", 2, True), ("auto", 16, False)])
+def test_the_setting_picks_the_way(prepared_models, monkeypatch, choice, cores, expected):
+    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared_models, tokenize_word_cache=choice))
+    assert (pipeline.tokenizer.words is not None) is expected
 
 
 def test_text_the_fast_path_cannot_read_exactly_gets_the_tokenizers_offsets():

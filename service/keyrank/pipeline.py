@@ -45,7 +45,7 @@ from keyrank.strategies import Passage, StrategySpec
 from keyrank.strategies.cuts import CutContext
 from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
-from keyrank.tokenize import Encoded, TextTokenizer
+from keyrank.tokenize import Encoded, TextTokenizer, word_cache_pays
 
 ANCHOR_MIN_IDF = 3.5
 """A query term is rare (``Pipeline.anchors``) from this general-table IDF on (at most one block in 12 holds
@@ -194,7 +194,10 @@ class Pipeline:
             )
         manifest = json.loads(manifest_path.read_text())
         template = load_template(manifest, gateway)
-        tokenizer = TextTokenizer.from_file(gateway / "tokenizer.json", text_lead=template.text_lead, special_ids=template.special_ids)
+        choice = settings.tokenize_word_cache
+        word_cache = word_cache_pays(settings.workers) if choice == "auto" else choice == "on"
+        tokenizer = TextTokenizer.from_file(gateway / "tokenizer.json", text_lead=template.text_lead, special_ids=template.special_ids,
+                                            word_cache=word_cache)
         return cls(tokenizer, template, settings, gateway_dir=gateway, manifest=manifest)
 
     # --- 1. encode -------------------------------------------------------------------------

@@ -6,6 +6,9 @@ view on these arrays; nothing is tokenized twice on the cross-encoder side.
 
 from __future__ import annotations
 
+import itertools
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,12 @@ _WHITESPACE[[9, 10, 13, 32]] = True
 _PLAIN = _WHITESPACE.copy()
 _PLAIN[32:127] = True
 """ASCII bytes BERT's normalizer keeps one for one (control bytes besides tab and newlines it deletes)."""
+WORD_CACHE_WORDS = 50_000
+"""Distinct words ``WordPieces`` keeps (~12 MB); past that it starts again. 100 QMSum meetings hold ~5,000."""
+WORD_CACHE_CORES = 4
+"""``tokenize_word_cache=auto`` takes the word cache below this many cores per worker process: it costs 0.27x
+the CPU time of the Rust encoding but runs on one thread, so the two break even at ~3.7 threads
+(docs/PERFORMANCE.md, section 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +65,7 @@ class TextTokenizer:
     (``encode_special_tokens``): ``a [SEP] b`` gives ``[``, ``sep``, ``]``, never the separator id.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, text_lead: str = "", special_ids: Sequence[int] = ()):
+    def __init__(self, tokenizer: Tokenizer, *, text_lead: str = "", special_ids: Sequence[int] = (), word_cache: bool = True):
         self._tok = tokenizer
         self._tok.no_truncation()
         self._tok.no_padding()
@@ -77,10 +86,12 @@ class TextTokenizer:
             self._plain_tok.normalizer = None
             self._plain_tok.encode_special_tokens = True
             self._lowercase = bool(self._tok.normalizer.lowercase)
+        self.words = WordPieces(self._plain_tok.model) if self._plain_tok is not None and word_cache else None
+        """Plain-ASCII texts split into words here, each word's pieces cached (None: the Rust encoding)."""
 
     @classmethod
-    def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = ()) -> TextTokenizer:
-        return cls(Tokenizer.from_file(str(path)), text_lead=text_lead, special_ids=special_ids)
+    def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = (), word_cache: bool = True) -> TextTokenizer:
+        return cls(Tokenizer.from_file(str(path)), text_lead=text_lead, special_ids=special_ids, word_cache=word_cache)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
@@ -100,8 +111,12 @@ class TextTokenizer:
             raw = {i: np.frombuffer(t.encode("ascii"), dtype=np.uint8) for i, t in enumerate(texts) if t.isascii()}
             plain = [i for i, r in raw.items() if _PLAIN[r].all()]
             lowered = [texts[i].lower() if self._lowercase else texts[i] for i in plain]
-            for i, enc in zip(plain, self._plain_tok.encode_batch_fast(lowered, add_special_tokens=False)):
-                pieces[i] = self._plain_pieces(raw[i], enc.ids)
+            if self.words is not None:
+                ids = [self.words.encode(text) for text in lowered]
+            else:
+                ids = [enc.ids for enc in self._plain_tok.encode_batch_fast(lowered, add_special_tokens=False)]
+            for i, token_ids in zip(plain, ids):
+                pieces[i] = self._plain_pieces(raw[i], token_ids)
         rest = [i for i, p in enumerate(pieces) if p is None]
         lead = len(self.text_lead)
         for i, enc in zip(rest, self._tok.encode_batch([self.text_lead + texts[i] for i in rest], add_special_tokens=False)):
@@ -109,7 +124,7 @@ class TextTokenizer:
             pieces[i] = np.asarray(enc.ids, dtype=np.int64), np.maximum(offsets - lead, 0) if lead else offsets
         return [self._encoded(text, ids, offsets, max_tokens) for text, (ids, offsets) in zip(texts, pieces)]
 
-    def _plain_pieces(self, raw: np.ndarray, token_ids: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    def _plain_pieces(self, raw: np.ndarray, token_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
         """Ids and offsets of a plain-ASCII text (``raw``, its bytes: printable, tab and newlines only) from ids the
         tokenizer gave without its normalizer and without offsets, or None where they are not exact.
 
@@ -143,6 +158,49 @@ class TextTokenizer:
         if truncated:
             ids, offsets = ids[:max_tokens], offsets[:max_tokens]
         return Encoded(ids=ids, offsets=offsets, text=text, truncated=truncated, full_length=full_length if truncated else None)
+
+
+class WordPieces:
+    """The ids of plain-ASCII text (as the tokenizer without its normalizer gives them), word by word.
+
+    On such text BERT's pre-tokenizer splits on whitespace and makes every other non-alphanumeric character a
+    word of its own, so the words are ``_WORD``'s matches; WordPiece then reads each word alone. Text repeats
+    its words (100 meetings of ~2k tokens: ~150k words, ~5k distinct), so each distinct word goes through the
+    tokenizer's own WordPiece model once and later ones are a dict lookup: 0.27x the CPU time of the batched
+    Rust encoding, on the caller's one thread (docs/PERFORMANCE.md, section 2). Thread-safe (one dict, read
+    and written under the GIL)."""
+
+    _WORD = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
+
+    def __init__(self, model: models.Model, capacity: int = WORD_CACHE_WORDS):
+        self._model = model
+        self.capacity = capacity
+        self._pieces: dict[str, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pieces)
+
+    def encode(self, text: str) -> np.ndarray:
+        """int64 ids of ``text`` (ASCII, already lowercased where the model lowercases)."""
+        get, miss = self._pieces.get, self._miss
+        found = [get(word) or miss(word) for word in self._WORD.findall(text)]
+        return np.fromiter(itertools.chain.from_iterable(found), dtype=np.int64)
+
+    def _miss(self, word: str) -> list[int]:
+        if len(self._pieces) >= self.capacity:
+            self._pieces = {}
+        pieces = self._pieces[word] = [token.id for token in self._model.tokenize(word)]
+        return pieces
+
+
+def word_cache_pays(workers: int = 1) -> bool:
+    """The word cache is the cheaper way on this machine: fewer than ``WORD_CACHE_CORES`` cores per worker process
+    for the Rust encoding to spread a request over (``RAYON_NUM_THREADS`` caps them where set)."""
+    cores = len(os.sched_getaffinity(0)) / max(workers, 1)
+    rayon = os.environ.get("RAYON_NUM_THREADS", "")
+    if rayon.isdigit() and int(rayon) > 0:
+        cores = min(cores, int(rayon))
+    return cores < WORD_CACHE_CORES
 
 
 def _wordpiece_lengths(tok: Tokenizer) -> np.ndarray | None:

@@ -37,8 +37,9 @@ from keyrank.pipeline import Pipeline, RerankOptions
 OPTIONS = RerankOptions(strategy="keyb2", selector="bm25")
 
 
-def _pipeline(model_dir: Path) -> Pipeline:
-    return Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0))
+def _pipeline(model_dir: Path, workers: int = 1) -> Pipeline:
+    """A cold pipeline of one of ``workers`` processes (its tokenize_word_cache choice is a worker's)."""
+    return Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0, workers=workers))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -47,8 +48,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _worker(model_dir: Path, query: str, docs: list[str], n: int, options: RerankOptions, rounds: int, ready, barrier, done) -> None:
-    pipeline = _pipeline(model_dir)
+def _worker(model_dir: Path, query: str, docs: list[str], n: int, options: RerankOptions, rounds: int, workers: int,
+            ready, barrier, done) -> None:
+    pipeline = _pipeline(model_dir, workers)
     pipeline.plan(query, docs, options)
     ready.put(os.getpid())
     for _ in range(rounds):
@@ -67,7 +69,7 @@ class WorkerProcesses:
         self._ready, self._done, self._barrier = ctx.Queue(), ctx.Queue(), ctx.Barrier(n + 1)
         shares = [requests // n + (i < requests % n) for i in range(n)]
         args = (self._ready, self._barrier, self._done)
-        self._procs = [ctx.Process(target=_worker, args=(model_dir, query, docs, k, options, rounds, *args)) for k in shares]
+        self._procs = [ctx.Process(target=_worker, args=(model_dir, query, docs, k, options, rounds, n, *args)) for k in shares]
         for p in self._procs:
             p.start()
         for _ in self._procs:

@@ -126,6 +126,7 @@ def serve(settings: Settings) -> int:
             if settings.triton_server_id:
                 os.environ["KEYRANK_TRITON_SERVER_ID"] = settings.triton_server_id
             os.environ["KEYRANK_MODEL_DIR"] = str(settings.model_dir)
+            os.environ["KEYRANK_WORKERS"] = str(settings.workers)  # each worker's share of the cores (tokenize_word_cache)
             for name, value in (("KEYRANK_MODELS", settings.models), ("KEYRANK_DEFAULT_MODEL", settings.default_model)):
                 if value:
                     os.environ[name] = value
