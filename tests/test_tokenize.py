@@ -66,12 +66,17 @@ def test_ascii_offsets_equal_the_tokenizers_own(texts):
             assert fast == ("x" * 101 not in text), text
 
 
-def test_the_word_cache_gives_the_same_ids_when_it_starts_again():
+def test_the_word_cache_gives_the_same_ids_when_it_starts_again_and_keeps_no_long_chunk():
     words = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
-    words.words.capacity = 3  # restarts every few distinct words
-    texts = ["the budget meeting decided the budget, again: 3.5% of (remote) budgets", "unaffordable remote-controls"] * 2
+    words.words.capacity = 3  # restarts every few distinct chunks
+    long = "-".join(["remote"] * 20)  # 139 characters without a space: split each time, never kept
+    texts = ["the budget meeting decided the budget, again: 3.5% of (remote) budgets", "unaffordable remote-controls", long] * 2
     _assert_same(texts, words)
+    assert _fast(texts, words) == [True] * len(texts)
     assert 0 < len(words.words) <= 3
+    words.words.capacity = 1000
+    words.encode_documents(texts)
+    assert "budget," in words.words._pieces and long not in words.words._pieces
     assert TOKENIZER.words is not None and RUST.words is None
 
 
@@ -93,10 +98,10 @@ def test_a_cased_wordpiece_reads_capitals_as_they_are():
 
 
 @pytest.mark.parametrize(("cores", "workers", "rayon", "pays"), [
-    (2, 1, None, True), (3, 1, None, True), (4, 1, None, False), (16, 1, None, False), (16, 4, None, False),
-    (16, 8, None, True), (16, 1, "2", True), (16, 1, "8", False), (2, 1, "8", True), (16, 1, "0", False),
+    (2, 1, None, True), (5, 1, None, True), (6, 1, None, False), (16, 1, None, False), (16, 2, None, False),
+    (16, 4, None, True), (16, 1, "2", True), (16, 1, "8", False), (2, 1, "8", True), (16, 1, "0", False),
 ])
-def test_auto_takes_the_word_cache_below_four_cores_per_worker(monkeypatch, cores, workers, rayon, pays):
+def test_auto_takes_the_word_cache_below_six_cores_per_worker(monkeypatch, cores, workers, rayon, pays):
     monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
     if rayon is None:
         monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)

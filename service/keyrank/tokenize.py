@@ -23,11 +23,12 @@ _PLAIN = _WHITESPACE.copy()
 _PLAIN[32:127] = True
 """ASCII bytes BERT's normalizer keeps one for one (control bytes besides tab and newlines it deletes)."""
 WORD_CACHE_WORDS = 50_000
-"""Distinct words ``WordPieces`` keeps (~12 MB); past that it starts again. 100 QMSum meetings hold ~5,000."""
-WORD_CACHE_CORES = 4
-"""``tokenize_word_cache=auto`` takes the word cache below this many cores per worker process: it costs 0.27x
-the CPU time of the Rust encoding but runs on one thread, so the two break even at ~3.7 threads
-(docs/PERFORMANCE.md, section 2)."""
+"""Distinct chunks (whitespace-separated words) ``WordPieces`` keeps (~20 MB at most); past that it starts again. 100
+QMSum meetings hold ~5,000."""
+WORD_CACHE_CORES = 6
+"""``tokenize_word_cache=auto`` takes the word cache below this many cores per worker process: its ids cost 0.18x
+the CPU time of the Rust encoding but on one thread, so the two break even at ~5.6 threads for the Rust batch at
+best (docs/PERFORMANCE.md, section 2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +165,15 @@ class WordPieces:
     """The ids of plain-ASCII text (as the tokenizer without its normalizer gives them), word by word.
 
     On such text BERT's pre-tokenizer splits on whitespace and makes every other non-alphanumeric character a
-    word of its own, so the words are ``_WORD``'s matches; WordPiece then reads each word alone. Text repeats
-    its words (100 meetings of ~2k tokens: ~150k words, ~5k distinct), so each distinct word goes through the
-    tokenizer's own WordPiece model once and later ones are a dict lookup: 0.27x the CPU time of the batched
-    Rust encoding, on the caller's one thread (docs/PERFORMANCE.md, section 2). Thread-safe (one dict, read
-    and written under the GIL)."""
+    word of its own (``_WORD``); WordPiece then reads each word alone. So the ids of a whitespace-separated chunk
+    never depend on its neighbours, and text repeats its chunks (100 meetings of ~2k tokens: ~150k chunks, ~5k
+    distinct): each distinct chunk goes through the tokenizer's own WordPiece model once, later ones are a dict
+    lookup. 0.18x the CPU time of the batched Rust encoding, on the caller's one thread (docs/PERFORMANCE.md,
+    section 2). Thread-safe (one dict, read and written under the GIL)."""
 
     _WORD = re.compile(r"[A-Za-z0-9]+|[^\sA-Za-z0-9]")
+    LONGEST = 64
+    """Characters of the longest chunk kept (a longer one, a URL or a blob, is split each time it comes)."""
 
     def __init__(self, model: models.Model, capacity: int = WORD_CACHE_WORDS):
         self._model = model
@@ -183,13 +186,15 @@ class WordPieces:
     def encode(self, text: str) -> np.ndarray:
         """int64 ids of ``text`` (ASCII, already lowercased where the model lowercases)."""
         get, miss = self._pieces.get, self._miss
-        found = [get(word) or miss(word) for word in self._WORD.findall(text)]
+        found = [get(chunk) or miss(chunk) for chunk in text.split()]
         return np.fromiter(itertools.chain.from_iterable(found), dtype=np.int64)
 
-    def _miss(self, word: str) -> list[int]:
-        if len(self._pieces) >= self.capacity:
-            self._pieces = {}
-        pieces = self._pieces[word] = [token.id for token in self._model.tokenize(word)]
+    def _miss(self, chunk: str) -> list[int]:
+        pieces = [token.id for word in self._WORD.findall(chunk) for token in self._model.tokenize(word)]
+        if len(chunk) <= self.LONGEST:
+            if len(self._pieces) >= self.capacity:
+                self._pieces = {}
+            self._pieces[chunk] = pieces
         return pieces
 
 
