@@ -9,54 +9,36 @@ and the word cache emptied before every round (a request whose every word is new
 ids alone, the same lowercased texts: ``WordPieces.encode`` per text against one ``encode_batch_fast``.
 """
 
-import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 sys.path.insert(0, "service")
+sys.path.insert(0, "docs/experiments")
 
-from keyrank.bench.workloads import candidate_documents  # noqa: E402
-from keyrank.config import get_settings  # noqa: E402
-from keyrank.pipeline import Pipeline, RerankOptions, StageTimer  # noqa: E402
-
-STRATEGIES = (("keyb2-blocks", "bm25"), ("keyb2", "bm25"), ("maxp", None), ("firstp", None))
+from tokenize_offsets import alternating_plans, cold_request  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--models", type=Path, default=Path("models"))
-    args = parser.parse_args()
-    settings = get_settings().with_overrides(model_dir=args.models, document_cache_bytes=0, tokenize_word_cache="on")
-    pipeline = Pipeline.from_model_dir(settings)
+    args, pipeline, pool, queries, tokens = cold_request(__doc__, tokenize_word_cache="on")
     tokenizer = pipeline.tokenizer
     words = tokenizer.words
-    if words is None:
-        sys.exit("this tokenizer has no plain-ASCII path (not BERT WordPiece): nothing to compare")
-    pool, queries = candidate_documents(Path("../shared/datasets"), tokenizer, 100)
-    tokens = sum(len(d) for d in pipeline.encode(queries[0], pool)[1])
     print(f"{len(pool)} documents, {tokens:,} tokens, {len(words):,} distinct chunks; median of {args.rounds} rounds")
     print(f"{'strategy':<14}{'ids from':<16}{'tokenize ms':>12}{'total ms':>10}{'CPU ms':>8}")
-    for strategy, selector in STRATEGIES:
-        options = RerankOptions(strategy=strategy, selector=selector)
-        pipeline.plan(queries[0], pool, options)  # warm: selectors built, numba compiled
-        rows: dict[str, list[tuple[dict, float]]] = {"rust batch": [], "word cache": [], "new words": []}
-        for _ in range(args.rounds):
-            for way in rows:
-                tokenizer.words = None if way == "rust batch" else words
-                if way == "new words":
-                    words._pieces = {}
-                timer, cpu = StageTimer(), time.process_time()
-                pipeline.plan(queries[0], pool, options, timer=timer)
-                rows[way].append((timer.total(), (time.process_time() - cpu) * 1e3))
+
+    def new_words():
         tokenizer.words = words
+        words._pieces = {}
+
+    ways = {"rust batch": lambda: setattr(tokenizer, "words", None), "word cache": lambda: setattr(tokenizer, "words", words),
+            "new words": new_words}
+    for strategy, rows in alternating_plans(args, pipeline, pool, queries, ways):
         for way, measured in rows.items():
             tok = statistics.median(r["tokenize"] for r, _ in measured)
             total = statistics.median(r["total"] for r, _ in measured)
             cpu = statistics.median(c for _, c in measured)
             print(f"{strategy:<14}{way:<16}{tok:>12.1f}{total:>10.1f}{cpu:>8.1f}")
+    tokenizer.words = words
     lowered = [text.lower() for text in pool]
     ways = {"rust batch": lambda: tokenizer._plain_tok.encode_batch_fast(lowered, add_special_tokens=False),
             "word cache": lambda: [words.encode(text) for text in lowered]}
