@@ -88,7 +88,7 @@ class TextTokenizer:
             self._plain_tok.encode_special_tokens = True
             self._lowercase = bool(self._tok.normalizer.lowercase)
         self.words = WordPieces(self._plain_tok.model) if self._plain_tok is not None and word_cache else None
-        """Plain-ASCII texts split into words here, each word's pieces cached (None: the Rust encoding)."""
+        """Plain-ASCII texts split here at whitespace, each distinct chunk's pieces cached (None: the Rust batch)."""
 
     @classmethod
     def from_file(cls, path: str | Path, *, text_lead: str = "", special_ids: Sequence[int] = (), word_cache: bool = True) -> TextTokenizer:
