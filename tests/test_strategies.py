@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from keyrank.segment import Spans
 from keyrank.template import InputTemplate
@@ -68,3 +68,49 @@ def test_bert_budget_is_512_minus_3_minus_the_query_so_every_sequence_fits():
     ids, _ = BERT.build(query, doc, [0], [BERT.document_budget(32)])
     assert len(ids) == 512  # the budget fills the model's length exactly, frame included
     assert BERT.document_budget(32, max_length=256) == 221
+
+
+def _lead_trimmed_by_slices(passages, docs, anchors, lead):
+    """lead_trimmed as it was first written: each input's tokens compared with the anchors, input by input."""
+    from dataclasses import replace
+
+    anchors = np.asarray(anchors, dtype=np.int64)[:, None]
+    out = []
+    for p in passages:
+        start = int(p.starts[0]) if len(p.starts) else 0
+        if start > 0:
+            hits = np.flatnonzero((docs[p.doc].ids[start:int(p.ends[-1])] == anchors).any(axis=0))
+            if hits.size and hits[0] > lead:
+                begin = start + int(hits[0]) - lead
+                keep = p.ends > begin
+                starts = p.starts[keep].copy()
+                starts[0] = max(int(starts[0]), begin)
+                p = replace(p, starts=starts, ends=p.ends[keep], pieces=p.pieces[keep])
+        out.append(p)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_lead_trimming_equals_comparing_each_input_with_the_anchors(data):
+    from keyrank.strategies.keyb2 import key_block_passages, lead_trimmed
+    from keyrank.tokenize import Encoded
+
+    vocab = data.draw(st.integers(3, 40))  # few ids: anchors are often there, several times, at block edges
+    docs, pieces, scores = [], [], []
+    for _ in range(data.draw(st.integers(1, 4))):
+        ids = np.asarray(data.draw(st.lists(st.integers(0, vocab), max_size=120)), dtype=np.int64)
+        cuts = sorted(set(data.draw(st.lists(st.integers(1, max(len(ids) - 1, 1)), max_size=12))) - {len(ids)})
+        bounds = np.asarray([0, *cuts, len(ids)] if len(ids) else [0], dtype=np.int64)
+        docs.append(Encoded(ids=ids, offsets=np.zeros((len(ids), 2), np.int32), text=""))
+        pieces.append(Spans(bounds[:-1], bounds[1:]))
+        scores.append(np.asarray(data.draw(st.lists(st.floats(0, 3), min_size=len(bounds) - 1, max_size=len(bounds) - 1))))
+    passages = key_block_passages(pieces, scores, data.draw(st.integers(1, 6)), data.draw(st.integers(1, 4)))
+    anchors = data.draw(st.lists(st.integers(0, vocab + 5), min_size=1, max_size=4, unique=True))
+    lead = data.draw(st.integers(0, 6))
+    ours, theirs = lead_trimmed(passages, docs, anchors, lead), _lead_trimmed_by_slices(passages, docs, anchors, lead)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert a.doc == b.doc
+        for field in ("starts", "ends", "pieces"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field))

@@ -155,15 +155,21 @@ def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: 
     2026-11-27). An input that holds none of ``anchors`` is read whole."""
     if not len(anchors):
         return list(passages)
-    anchors = np.asarray(anchors, dtype=np.int64)[:, None]  # a handful of ids: compared directly, no sort
+    anchors = np.asarray(anchors, dtype=np.int64)
+    is_anchor = np.zeros(int(anchors.max()) + 2, dtype=bool)  # the last entry stands for every id past the anchors
+    is_anchor[anchors] = True
+    found: dict[int, np.ndarray] = {}  # where anchors sit in each document read past its start, found once
     out = []
     for p in passages:
         start = int(p.starts[0]) if len(p.starts) else 0
         if start > 0:
-            held = docs[p.doc].ids[start:int(p.ends[-1])]  # a run's blocks follow each other
-            hits = np.flatnonzero((held == anchors).any(axis=0))
-            if hits.size and hits[0] > lead:
-                begin = start + int(hits[0]) - lead
+            at = found.get(p.doc)
+            if at is None:
+                at = found[p.doc] = np.flatnonzero(is_anchor[np.minimum(docs[p.doc].ids, is_anchor.size - 1)])
+            first = int(at.searchsorted(start))  # the first anchor at or past the input's start
+            hit = int(at[first]) - start if first < at.size and at[first] < int(p.ends[-1]) else -1  # a run's blocks follow each other
+            if hit > lead:
+                begin = start + hit - lead
                 keep = p.ends > begin
                 starts = p.starts[keep].copy()
                 starts[0] = max(int(starts[0]), begin)
