@@ -136,13 +136,7 @@ def key_block_passages(pieces: Sequence[Spans], block_scores: Sequence[np.ndarra
     tokens (a passage cut across block boundaries keeps its context; ``span`` 1: each block alone). A document
     without blocks reads one empty passage (the query alone)."""
     out = []
-    import os
-    gamma = float(os.environ.get("PROTO_SMOOTH", "0"))
     for doc, (blocks, scores) in enumerate(zip(pieces, block_scores)):
-        if gamma and len(scores) > 1:
-            s = np.asarray(scores, dtype=np.float64)
-            nb = np.maximum(np.concatenate(([0.0], s[:-1])), np.concatenate((s[1:], [0.0])))
-            scores = s + gamma * nb
         chosen = best_indices(scores, most).tolist()
         if not chosen:
             out.append(_empty(doc))
