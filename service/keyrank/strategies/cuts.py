@@ -219,27 +219,6 @@ class KeyBlocksCut(BlockCut):
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector, anchors=None):
         """``anchors``: with ``keyb2_blocks_lead`` set, an input inside a document starts at the query (``lead_trimmed``)."""
-        import os
-        lam = float(os.environ.get("PROTO_COVER", "0"))
-        if lam and anchors is not None and len(anchors):
-            anchors_arr = np.asarray(anchors, dtype=np.int64)
-            adjusted_all = []
-            for d, sp, sc in zip(docs, pieces, block_scores):
-                sc = np.asarray(sc, dtype=np.float64)
-                cover = np.array([np.isin(anchors_arr, d.ids[a:b]) for a, b in zip(sp.starts, sp.ends)]).reshape(len(sc), len(anchors_arr))
-                covered = np.zeros(len(anchors_arr), dtype=bool)
-                free = np.ones(len(sc), dtype=bool)
-                fake = np.full(len(sc), -1e18)
-                for rank in range(min(settings.keyb2_blocks, len(sc))):
-                    new = (cover & ~covered).any(axis=1)
-                    adj = np.where(new, sc, sc * (1 - lam))
-                    adj[~free] = -np.inf
-                    i = int(np.argmax(adj))
-                    free[i] = False
-                    covered |= cover[i]
-                    fake[i] = 1e9 - rank
-                adjusted_all.append(fake)
-            block_scores = adjusted_all
         passages = key_block_passages(pieces, block_scores, settings.keyb2_blocks, settings.keyb2_blocks_span, budget)
         if settings.keyb2_blocks_lead is None or anchors is None:
             return passages
