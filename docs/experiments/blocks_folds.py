@@ -16,7 +16,9 @@ evaluation's memo scores them once:
 - `kbf-pmix`: the head on the mean of the max and the mean pooled vectors;
 - `kbf-top2`: the mean of the two best logits (one input: its logit);
 - `kbf-lme`: log-mean-exp, log-sum-exp less the log of the document's input count (so that a document whose
-  chosen blocks fall in more separate runs gains nothing for that alone).
+  chosen blocks fall in more separate runs gains nothing for that alone);
+- `kbf-lse-t0.5`, `kbf-lse-t2`: log-sum-exp at temperature t, t log sum exp(logit / t) (t -> 0: the max; larger
+  t: closer to a sum of the inputs' evidence).
 
 A diagnostic for choosing on dev: nothing in the product changes.
 """
@@ -33,7 +35,7 @@ from keyrank.aggregate import Aggregated, aggregate
 from keyrank.evaluation import cli
 from keyrank.strategies import REGISTRY
 
-FOLDS = ("pmax", "max", "lse", "pmax-lse", "pmix", "top2", "lme")
+FOLDS = ("pmax", "max", "lse", "pmax-lse", "pmix", "top2", "lme", "lse-t0.5", "lse-t2")
 
 
 def folded(method, doc_of, logits, pooled, head, trained):
@@ -59,6 +61,9 @@ def folded(method, doc_of, logits, pooled, head, trained):
         scores = head((np.maximum.reduceat(p, firsts, axis=0) + np.add.reduceat(p, firsts, axis=0) / counts[:, None]) / 2)
     elif fold == "lme":
         scores = lse - np.log(np.diff(np.append(firsts, len(doc_of))))
+    elif fold.startswith("lse-t"):
+        t = float(fold[5:])
+        scores = t * aggregate("lse", doc_of, np.asarray(logits, dtype=np.float64) / t).scores
     elif fold == "top2":
         scores = np.array([np.sort(g)[-2:].mean() for g in np.split(np.asarray(logits, dtype=np.float64), firsts[1:])])
     else:
