@@ -156,3 +156,18 @@ def test_a_template_lead_keeps_the_tokenizers_offsets():
     assert tokenizer._plain_tok is None
     (enc,) = tokenizer.encode_documents(["budget review"])
     assert enc.text[slice(*enc.char_span(0, len(enc)))] == "budget review"
+
+
+def test_threads_sharing_one_word_cache_get_the_ids_one_thread_gets():
+    from concurrent.futures import ThreadPoolExecutor
+
+    shared = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+    shared.words.capacity = 50  # restarts while the threads read and write it
+    rng = np.random.default_rng(7)
+    words = ["budget", "remote", "control", "meeting,", "(agreed)", "3.5%", "unaffordable", "x-y_z", "Twelve", "euros."]
+    texts = [" ".join(rng.choice(words, 300)) + f" w{i}" * 20 for i in range(24)]
+    expected = [e.ids for e in RUST.encode_documents(texts)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda t: shared.encode_documents([t])[0].ids, texts * 3))
+    for ids, want in zip(got, expected * 3):
+        np.testing.assert_array_equal(ids, want)
