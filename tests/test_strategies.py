@@ -72,7 +72,7 @@ def test_bert_budget_is_512_minus_3_minus_the_query_so_every_sequence_fits():
 
 def _lead_trimmed_by_slices(passages, docs, anchors, lead):
     """lead_trimmed as it was first written: each input's tokens compared with the anchors, input by input."""
-    from dataclasses import replace
+    from keyrank.strategies.keyb2 import started_at
 
     anchors = np.asarray(anchors, dtype=np.int64)[:, None]
     out = []
@@ -81,11 +81,7 @@ def _lead_trimmed_by_slices(passages, docs, anchors, lead):
         if start > 0:
             hits = np.flatnonzero((docs[p.doc].ids[start:int(p.ends[-1])] == anchors).any(axis=0))
             if hits.size and hits[0] > lead:
-                begin = start + int(hits[0]) - lead
-                keep = p.ends > begin
-                starts = p.starts[keep].copy()
-                starts[0] = max(int(starts[0]), begin)
-                p = replace(p, starts=starts, ends=p.ends[keep], pieces=p.pieces[keep])
+                p = started_at(p, start + int(hits[0]) - lead)
         out.append(p)
     return out
 

@@ -169,13 +169,17 @@ def lead_trimmed(passages: Sequence[Passage], docs: Sequence[Encoded], anchors: 
             first = int(at.searchsorted(start))  # the first anchor at or past the input's start
             hit = int(at[first]) - start if first < at.size and at[first] < int(p.ends[-1]) else -1  # a run's blocks follow each other
             if hit > lead:
-                begin = start + hit - lead
-                keep = p.ends > begin
-                starts = p.starts[keep].copy()
-                starts[0] = max(int(starts[0]), begin)
-                p = replace(p, starts=starts, ends=p.ends[keep], pieces=p.pieces[keep])
+                p = started_at(p, start + hit - lead)
         out.append(p)
     return out
+
+
+def started_at(p: Passage, begin: int) -> Passage:
+    """``p`` from document token ``begin`` on: its blocks that end by then dropped, the first kept one cut there."""
+    keep = p.ends > begin
+    starts = p.starts[keep].copy()
+    starts[0] = max(int(starts[0]), begin)
+    return replace(p, starts=starts, ends=p.ends[keep], pieces=p.pieces[keep])
 
 
 def _adjacent_runs(indices: list[int], lengths: np.ndarray, span: int, fits: int | None) -> list[list[int]]:
