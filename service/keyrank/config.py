@@ -87,7 +87,7 @@ class Settings(BaseSettings):
     # --- document cache (doc_cache.py) -----------------------------------------
     document_cache_bytes: int = Field(256 * 2**20, ge=0, description="Bytes of tokens, blocks and BM25 terms kept per gateway process and per served model for documents seen before (by content hash, LRU); 0 = off. About 30 bytes per document token.")
 
-    tokenize_word_cache: Literal["auto", "on", "off"] = Field("auto", description="Plain-ASCII documents split into words in Python, each distinct word's word pieces cached ('on', about a third of the CPU time of a cold plan on one thread), or encoded by the tokenizer's Rust batch over all cores ('off'); the same ids and offsets either way. 'auto' = on below 6 cores per worker process (RAYON_NUM_THREADS counts where set). docs/PERFORMANCE.md section 2.")
+    tokenize_word_cache: Literal["auto", "on", "off"] = Field("auto", description="Plain-ASCII documents split into words in Python, each distinct word's word pieces cached ('on', about a third of the CPU time of a cold plan on one thread), or encoded by the tokenizer's Rust batch over all cores ('off'); the same ids and offsets either way. 'auto' = on below 6 usable cores per worker process (a container's CPU limit and RAYON_NUM_THREADS count where set). docs/PERFORMANCE.md section 2.")
 
     # --- Triton client -------------------------------------------------------
     length_buckets: list[int] = Field(list(LENGTH_BUCKETS), description="Sequences are padded to the smallest bucket that fits, so Triton's dynamic batcher can merge them.")

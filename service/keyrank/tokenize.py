@@ -198,10 +198,27 @@ class WordPieces:
         return pieces
 
 
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+"""cgroup v2's CPU limit of this container ("<quota> <period>" or "max <period>"), where there is one."""
+
+
+def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> float:
+    """Cores this process may use: its CPU affinity, capped by the container's CPU limit where one is set (a pod
+    with ``limits.cpu: 2`` on a 64-core node sees 64 cores in its affinity but may use 2)."""
+    cores = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(int(quota) / int(period), 1.0))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
 def word_cache_pays(workers: int = 1) -> bool:
-    """The word cache is the cheaper way on this machine: fewer than ``WORD_CACHE_CORES`` cores per worker process
-    for the Rust encoding to spread a request over (``RAYON_NUM_THREADS`` caps them where set)."""
-    cores = len(os.sched_getaffinity(0)) / max(workers, 1)
+    """The word cache is the cheaper way on this machine: fewer than ``WORD_CACHE_CORES`` usable cores per worker
+    process for the Rust encoding to spread a request over (``RAYON_NUM_THREADS`` caps them where set)."""
+    cores = usable_cores() / max(workers, 1)
     rayon = os.environ.get("RAYON_NUM_THREADS", "")
     if rayon.isdigit() and int(rayon) > 0:
         cores = min(cores, int(rayon))
