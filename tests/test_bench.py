@@ -51,6 +51,36 @@ def test_gpu_bench_without_cuda_measures_the_cpu_ceiling_and_says_the_gpu_parts_
         assert re.search(rf"{strategy}\s+[\d,]+ tokens/s\s+[\d.]+ q/s", out), out
 
 
+def test_worker_processes_time_a_round_by_their_own_clocks_however_late_this_process_resumes(prepared_models):
+    # A short round can end before the process that released it is scheduled again past the barrier; timed from
+    # there, the preprocessing ceiling once read a negative wall time (firstp at -58,740 q/s on a loaded 2-core VM).
+    import time
+
+    from keyrank.bench.processes import WorkerProcesses
+    from keyrank.bench.workloads import candidate_documents
+    from keyrank.config import Settings
+    from keyrank.pipeline import Pipeline, RerankOptions
+
+    tokenizer = Pipeline.from_model_dir(Settings(model_dir=prepared_models)).tokenizer
+    pool, queries = candidate_documents(DATASETS, tokenizer, 4, tokens=300)
+    workers = WorkerProcesses(prepared_models, queries[0], pool, 4, 2, RerankOptions(strategy="firstp"), rounds=1)
+
+    class LateBarrier:  # this process resumes 1 s after the workers are released
+        def __init__(self, barrier):
+            self.barrier = barrier
+
+        def wait(self):
+            self.barrier.wait()
+            time.sleep(1.0)
+
+    workers._barrier = LateBarrier(workers._barrier)
+    try:
+        wall, cpu = workers.round()
+    finally:
+        workers.close()
+    assert 0 < wall < 1.0 and cpu > 0, (wall, cpu)
+
+
 @pytest.mark.slow
 def test_gpu_bench_http_and_baseline_parts_run_end_to_end_on_cpu(prepared_models, tmp_path, monkeypatch):
     # The GPU parts' HTTP harness and baseline, on this CPU: the GPU variant written for cpu/fp32,

@@ -55,10 +55,10 @@ def _worker(model_dir: Path, query: str, docs: list[str], n: int, options: Reran
     ready.put(os.getpid())
     for _ in range(rounds):
         barrier.wait()
-        cpu = time.process_time()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(n):
             pipeline.plan(query, docs, options)
-        done.put((time.perf_counter(), time.process_time() - cpu))
+        done.put((start, time.perf_counter(), time.process_time() - cpu))
 
 
 class WorkerProcesses:
@@ -76,11 +76,12 @@ class WorkerProcesses:
             self._ready.get(timeout=300)
 
     def round(self) -> tuple[float, float]:
-        """(wall, CPU) seconds of one round: all processes start together, loaded and warm."""
+        """(wall, CPU) seconds of one round: all processes start together, loaded and warm. The wall time runs from
+        the first worker's start to the last one's end, both read by the workers (a worker may finish a short round
+        before this process is scheduled again past the barrier)."""
         self._barrier.wait()
-        t0 = time.perf_counter()
-        ends = [self._done.get(timeout=600) for _ in self._procs]
-        return max(e for e, _ in ends) - t0, sum(c for _, c in ends)
+        rounds = [self._done.get(timeout=600) for _ in self._procs]
+        return max(e for _, e, _ in rounds) - min(s for s, _, _ in rounds), sum(c for _, _, c in rounds)
 
     def close(self) -> None:
         for p in self._procs:
