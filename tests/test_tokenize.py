@@ -97,46 +97,52 @@ def test_a_cased_wordpiece_reads_capitals_as_they_are():
         assert enc.ids.tolist() == expected.ids and enc.offsets.tolist() == [list(o) for o in expected.offsets], text
 
 
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """``machine(cores, cpu_max=None)``: this process sees ``cores`` in its affinity and the container CPU limit
+    ``cpu_max`` (cgroup v2's ``cpu.max`` text; None: no such file); RAYON_NUM_THREADS unset."""
+    limit = tmp_path / "cpu.max"
+    monkeypatch.setattr(tokenize, "CGROUP_CPU_MAX", limit)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+
+    def configure(cores: int, cpu_max: str | None = None) -> None:
+        monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
+        if cpu_max is None:
+            limit.unlink(missing_ok=True)
+        else:
+            limit.write_text(cpu_max + "\n")
+
+    return configure
+
+
 @pytest.mark.parametrize(("cores", "workers", "rayon", "pays"), [
     (2, 1, None, True), (5, 1, None, True), (6, 1, None, False), (16, 1, None, False), (16, 2, None, False),
     (16, 4, None, True), (16, 1, "2", True), (16, 1, "8", False), (2, 1, "8", True), (16, 1, "0", False),
 ])
-def test_auto_takes_the_word_cache_below_six_cores_per_worker(monkeypatch, tmp_path, cores, workers, rayon, pays):
-    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(tokenize.usable_cores, "__defaults__", (tmp_path / "absent",))
-    if rayon is None:
-        monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    else:
+def test_auto_takes_the_word_cache_below_six_cores_per_worker(machine, monkeypatch, cores, workers, rayon, pays):
+    machine(cores)
+    if rayon is not None:
         monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
     assert tokenize.word_cache_pays(workers) is pays
 
 
 @pytest.mark.parametrize(("cpu_max", "usable"), [("max 100000", 16.0), ("200000 100000", 2.0), ("50000 100000", 1.0),
                                                  ("3200000 100000", 16.0), ("garbage", 16.0), (None, 16.0)])
-def test_usable_cores_are_the_containers_cpu_limit_where_it_sets_one(monkeypatch, tmp_path, cpu_max, usable):
-    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(16)))
-    path = tmp_path / "cpu.max"
-    if cpu_max is not None:
-        path.write_text(cpu_max + "\n")
-    assert tokenize.usable_cores(path) == usable
+def test_usable_cores_are_the_containers_cpu_limit_where_it_sets_one(machine, cpu_max, usable):
+    machine(16, cpu_max)
+    assert tokenize.usable_cores() == usable
 
 
-def test_a_two_core_container_on_a_big_machine_takes_the_word_cache(monkeypatch, tmp_path):
-    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(64)))
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    limit = tmp_path / "cpu.max"
-    limit.write_text("200000 100000\n")
-    monkeypatch.setattr(tokenize.usable_cores, "__defaults__", (limit,))
+def test_a_two_core_container_on_a_big_machine_takes_the_word_cache(machine):
+    machine(64, "200000 100000")
     assert tokenize.word_cache_pays(1)
-    limit.write_text("max 100000\n")
+    machine(64, "max 100000")
     assert not tokenize.word_cache_pays(1)
 
 
 @pytest.mark.parametrize(("choice", "cores", "expected"), [("on", 16, True), ("off", 2, False), ("auto", 2, True), ("auto", 16, False)])
-def test_the_setting_picks_the_way(prepared_models, monkeypatch, tmp_path, choice, cores, expected):
-    monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(tokenize.usable_cores, "__defaults__", (tmp_path / "absent",))
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+def test_the_setting_picks_the_way(prepared_models, machine, choice, cores, expected):
+    machine(cores)
     pipeline = Pipeline.from_model_dir(Settings(model_dir=prepared_models, tokenize_word_cache=choice))
     assert (pipeline.tokenizer.words is not None) is expected
 

@@ -202,12 +202,12 @@ CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 """cgroup v2's CPU limit of this container ("<quota> <period>" or "max <period>"), where there is one."""
 
 
-def usable_cores(cpu_max: Path = CGROUP_CPU_MAX) -> float:
-    """Cores this process may use: its CPU affinity, capped by the container's CPU limit where one is set (a pod
-    with ``limits.cpu: 2`` on a 64-core node sees 64 cores in its affinity but may use 2)."""
+def usable_cores() -> float:
+    """Cores this process may use: its CPU affinity, capped by the container's CPU limit (``CGROUP_CPU_MAX``) where
+    one is set (a pod with ``limits.cpu: 2`` on a 64-core node sees 64 cores in its affinity but may use 2)."""
     cores = float(len(os.sched_getaffinity(0)))
     try:
-        quota, period = cpu_max.read_text().split()[:2]
+        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
         if quota != "max":
             cores = min(cores, max(int(quota) / int(period), 1.0))
     except (OSError, ValueError):
