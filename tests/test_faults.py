@@ -250,6 +250,44 @@ def test_a_stub_that_exits_after_its_successor_started_is_not_a_crash(monkeypatc
     assert fault.repair is Repair.RELOAD and "pid 20" in fault.reason
 
 
+class FakeAdmin:
+    """Triton's admin API as the supervisor reads it: which server answers on our port, which models are ready
+    (all but ``not_ready``); an unload is recorded."""
+
+    def __init__(self, record, answers: str, not_ready: set[str]):
+        self.record, self.answers, self.not_ready = record, answers, not_ready
+
+    def server_id(self) -> str:
+        return self.answers
+
+    def model_ready(self, model: str) -> bool:
+        return model not in self.not_ready
+
+    def unload(self, model: str) -> bool:
+        self.record("unload", (model,))
+        return True
+
+
+class FakeTriton:
+    """The embedded Triton as the supervisor drives it (pid 1, serving the cross-encoder and ``graphs``): every
+    repair goes to ``record(kind, models)``, and a reload makes its models ready."""
+
+    model, models, server_id, returncode = "cross_encoder", ("cross_encoder",), "ours", None
+    wanted = serving = True
+
+    def __init__(self, record, *, answers: str = "ours", graphs: tuple[str, ...] = (), not_ready: set[str] = frozenset()):
+        self.record, self.graphs, self.watched = record, graphs, ("cross_encoder", *graphs)
+        self.pid, self.lifecycle = 1, threading.RLock()
+        self.admin = FakeAdmin(record, answers, set(not_ready))
+
+    def reload_model(self, models=None) -> None:
+        self.record("reload", tuple(models or ()))
+        self.admin.not_ready -= set(models or self.watched)
+
+    def restart_locked(self) -> None:
+        self.record("restart", ())
+
+
 def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
     # Another server on our port can only be fixed by a restart of ours (a reload would reload theirs
     # or nothing); a model fault behind our live server by a reload, however it is worded.
@@ -257,33 +295,9 @@ def test_the_repair_follows_the_kind_of_fault_not_its_wording(monkeypatch):
     from keyrank.modelserver.supervision import Fault, Repair, Supervisor
 
     done: list[str] = []
-
-    class Admin:
-        def server_id(self) -> str:
-            return "another server"
-
-        def model_ready(self, model: str) -> bool:
-            return True
-
-        def unload(self, model: str) -> bool:
-            done.append("unload")
-            return True
-
-    class Server:
-        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (), ("cross_encoder",)
-        server_id, pid, returncode = "ours", 1, None
-        wanted = serving = True
-        lifecycle = threading.RLock()
-        admin = Admin()
-
-        def reload_model(self, models=None) -> None:
-            done.append("reload")
-
-        def restart_locked(self) -> None:
-            done.append("restart")
-
+    server = FakeTriton(lambda kind, models: done.append(kind), answers="another server")
     monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
-    supervisor = Supervisor(Server(), stable_after_s=0)
+    supervisor = Supervisor(server, stable_after_s=0)
     fault = supervisor.diagnose()
     assert fault.repair is Repair.RESTART, fault
     supervisor.repair(fault)
@@ -303,42 +317,16 @@ def test_a_fault_seen_on_a_server_since_replaced_unloads_nothing_from_its_succes
     from keyrank.modelserver.supervision import Supervisor
 
     done: list[str] = []
-
-    class Admin:
-        ready = False
-
-        def server_id(self) -> str:
-            return "ours"
-
-        def model_ready(self, model: str) -> bool:
-            return self.ready
-
-        def unload(self, model: str) -> bool:
-            done.append("unload")
-            return True
-
-    class Server:
-        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (), ("cross_encoder",)
-        server_id, pid, returncode = "ours", 1, None
-        wanted = serving = True
-        lifecycle = threading.RLock()
-        admin = Admin()
-
-        def reload_model(self, models=None) -> None:
-            done.append("reload")
-
-        def restart_locked(self) -> None:
-            done.append("restart")
-
+    server = FakeTriton(lambda kind, models: done.append(kind), not_ready={"cross_encoder"})
     monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
-    server = Server()
     supervisor = Supervisor(server, stable_after_s=0)
     fault = supervisor.diagnose()
     assert "not ready" in fault.reason and fault.server_pid == 1
-    server.pid, server.admin.ready = 2, True  # restarted by someone else, serving again
+    server.pid = 2  # restarted by someone else, serving again
+    server.admin.not_ready.clear()
     supervisor.repair(fault)
     assert done == []
-    server.admin.ready = False  # the same fault on the server that is running: unloaded and reloaded
+    server.admin.not_ready.add("cross_encoder")  # the same fault on the server that is running: unloaded and reloaded
     supervisor.repair(replace(fault, server_pid=2))
     assert done == ["unload", "reload"]
 
@@ -372,33 +360,9 @@ def test_a_fault_of_one_model_reloads_that_model_only(monkeypatch):
 
     done: list[tuple[str, tuple[str, ...]]] = []
     graph = "cedr-knrm-features"
-
-    class Admin:
-        def server_id(self) -> str:
-            return "ours"
-
-        def model_ready(self, model: str) -> bool:
-            return model != graph or bool(done)
-
-        def unload(self, model: str) -> bool:
-            done.append(("unload", (model,)))
-            return True
-
-    class Server:
-        model, models, graphs, watched = "cross_encoder", ("cross_encoder",), (graph,), ("cross_encoder", graph)
-        server_id, pid, returncode = "ours", 1, None
-        wanted = serving = True
-        lifecycle = threading.RLock()
-        admin = Admin()
-
-        def reload_model(self, models=None) -> None:
-            done.append(("reload", tuple(models)))
-
-        def restart_locked(self) -> None:
-            done.append(("restart", ()))
-
+    server = FakeTriton(lambda kind, models: done.append((kind, models)), graphs=(graph,), not_ready={graph})
     monkeypatch.setattr(supervision, "model_stubs", lambda pid, model: {})
-    supervisor = Supervisor(Server(), stable_after_s=0)
+    supervisor = Supervisor(server, stable_after_s=0)
     fault = supervisor.diagnose()
     assert fault.repair is Repair.RELOAD and fault.models == (graph,), fault
     supervisor.repair(fault)
