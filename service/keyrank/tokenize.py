@@ -22,7 +22,7 @@ _WHITESPACE[[9, 10, 13, 32]] = True
 _PLAIN = _WHITESPACE.copy()
 _PLAIN[32:127] = True
 """ASCII bytes BERT's normalizer keeps one for one (control bytes besides tab and newlines it deletes)."""
-WORD_CACHE_WORDS = 50_000
+WORD_CACHE_CHUNKS = 50_000
 """Distinct chunks (whitespace-separated words) ``WordPieces`` keeps (~20 MB at most); past that it starts again. 100
 QMSum meetings hold ~5,000."""
 WORD_CACHE_CORES = 6
@@ -175,7 +175,7 @@ class WordPieces:
     LONGEST = 64
     """Characters of the longest chunk kept (a longer one, a URL or a blob, is split each time it comes)."""
 
-    def __init__(self, model: models.Model, capacity: int = WORD_CACHE_WORDS):
+    def __init__(self, model: models.Model, capacity: int = WORD_CACHE_CHUNKS):
         self._model = model
         self.capacity = capacity
         self._pieces: dict[str, list[int]] = {}
