@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings as hypothesis_settings
+from keyrank import cores
 from shared_data import CE_MODEL, REPO
 
 # Generated tests (hypothesis, schemathesis) draw the same examples on every run: a failure in CI
@@ -144,3 +145,26 @@ def serve_gateway(model_dir: Path, triton_url: str, **settings):
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+# --- machine: the cores this process sees -----------------------------------------------
+
+
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """``machine(count, cpu_max=None)``: this process sees ``count`` cores in its affinity and the container CPU limit
+    ``cpu_max`` (cgroup v2's ``cpu.max`` text; None: no such file); RAYON_NUM_THREADS and
+    ``KEYRANK_USABLE_CORES`` unset (keyrank/cores.py)."""
+    limit = tmp_path / "cpu.max"
+    monkeypatch.setattr(cores, "CGROUP_CPU_MAX", limit)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.delenv(cores.CORES_ENV, raising=False)
+
+    def configure(count: int, cpu_max: str | None = None) -> None:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(count)))
+        if cpu_max is None:
+            limit.unlink(missing_ok=True)
+        else:
+            limit.write_text(cpu_max + "\n")
+
+    return configure

@@ -97,24 +97,6 @@ def test_a_cased_wordpiece_reads_capitals_as_they_are():
         assert enc.ids.tolist() == expected.ids and enc.offsets.tolist() == [list(o) for o in expected.offsets], text
 
 
-@pytest.fixture
-def machine(monkeypatch, tmp_path):
-    """``machine(cores, cpu_max=None)``: this process sees ``cores`` in its affinity and the container CPU limit
-    ``cpu_max`` (cgroup v2's ``cpu.max`` text; None: no such file); RAYON_NUM_THREADS unset."""
-    limit = tmp_path / "cpu.max"
-    monkeypatch.setattr(tokenize, "CGROUP_CPU_MAX", limit)
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-
-    def configure(cores: int, cpu_max: str | None = None) -> None:
-        monkeypatch.setattr(tokenize.os, "sched_getaffinity", lambda pid: set(range(cores)))
-        if cpu_max is None:
-            limit.unlink(missing_ok=True)
-        else:
-            limit.write_text(cpu_max + "\n")
-
-    return configure
-
-
 @pytest.mark.parametrize(("cores", "workers", "rayon", "pays"), [
     (2, 1, None, True), (5, 1, None, True), (6, 1, None, False), (16, 1, None, False), (16, 2, None, False),
     (16, 4, None, True), (16, 1, "2", True), (16, 1, "8", False), (2, 1, "8", True), (16, 1, "0", False),
@@ -124,13 +106,6 @@ def test_auto_takes_the_word_cache_below_six_cores_per_worker(machine, monkeypat
     if rayon is not None:
         monkeypatch.setenv("RAYON_NUM_THREADS", rayon)
     assert tokenize.word_cache_pays(workers) is pays
-
-
-@pytest.mark.parametrize(("cpu_max", "usable"), [("max 100000", 16.0), ("200000 100000", 2.0), ("50000 100000", 1.0),
-                                                 ("3200000 100000", 16.0), ("garbage", 16.0), (None, 16.0)])
-def test_usable_cores_are_the_containers_cpu_limit_where_it_sets_one(machine, cpu_max, usable):
-    machine(16, cpu_max)
-    assert tokenize.usable_cores() == usable
 
 
 def test_a_two_core_container_on_a_big_machine_takes_the_word_cache(machine):

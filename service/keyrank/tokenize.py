@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from keyrank.cores import usable_cores
+
 _WHITESPACE = np.zeros(256, dtype=bool)
 _WHITESPACE[[9, 10, 13, 32]] = True
 """The ASCII bytes BERT's pre-tokenizer splits on and no token covers."""
@@ -196,23 +198,6 @@ class WordPieces:
                 self._pieces = {}
             self._pieces[chunk] = pieces
         return pieces
-
-
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
-"""cgroup v2's CPU limit of this container ("<quota> <period>" or "max <period>"), where there is one."""
-
-
-def usable_cores() -> float:
-    """Cores this process may use: its CPU affinity, capped by the container's CPU limit (``CGROUP_CPU_MAX``) where
-    one is set (a pod with ``limits.cpu: 2`` on a 64-core node sees 64 cores in its affinity but may use 2)."""
-    cores = float(len(os.sched_getaffinity(0)))
-    try:
-        quota, period = CGROUP_CPU_MAX.read_text().split()[:2]
-        if quota != "max":
-            cores = min(cores, max(int(quota) / int(period), 1.0))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 def word_cache_pays(workers: int = 1) -> bool:

@@ -28,7 +28,6 @@ GPU (CUDA only; otherwise the line "GPU parts skipped: no CUDA device"):
 from __future__ import annotations
 
 import json
-import os
 import platform
 import tempfile
 import time
@@ -40,6 +39,7 @@ from keyrank.bench import http_load
 from keyrank.bench.processes import worker_processes
 from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
+from keyrank.cores import thread_count, usable_cores
 from keyrank.prepare.gpu_repository import REPOSITORY
 from keyrank.prepare.ort_cuda import REPOSITORY as ORT_REPOSITORY
 from keyrank.pipeline import Pipeline, RerankOptions
@@ -256,12 +256,12 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
     """Everything above; ``encoder_only``: the CPU ceiling, the peak and the cross-encoder's rows only (a short
     GPU run, e.g. ONNX Runtime's CUDA provider against PyTorch). ``save(result)`` runs after every stage (and
     every HTTP row): on a machine held for minutes, what was measured is written before anything later can fail."""
-    workers = workers or len(os.sched_getaffinity(0))
+    workers = workers or thread_count()
     tokenizer = Pipeline.from_model_dir(get_settings().with_overrides(model_dir=model_dir, document_cache_bytes=0)).tokenizer
     pool, queries = candidate_documents(datasets, tokenizer, 2 * candidates)  # cold requests draw from twice their size
     device = cuda_device()
     result = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": len(os.sched_getaffinity(0)), "gpu": device},
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": usable_cores(), "gpu": device},
         "cpu": preprocessing_ceiling(model_dir, queries[0], pool[:candidates], workers, cpu_requests or 2 * workers, strategies),
     }
     save(result)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from keyrank.bench.workloads import candidate_documents
 from keyrank.config import get_settings
+from keyrank.cores import thread_count, usable_cores
 from keyrank.pipeline import Pipeline, RerankOptions
 
 OPTIONS = RerankOptions(strategy="keyb2", selector="bm25")
@@ -139,7 +140,7 @@ def threads(pipeline: Pipeline, query: str, docs: list[str], requests: int, n: i
 
 def run(model_dir: Path, datasets: Path, *, candidates: int = 100, requests: int = 12, workers: int = 0, rounds: int = 3) -> dict:
     """Every way ``rounds`` times, interleaved round by round (load drift hits all alike); medians."""
-    n = workers or len(os.sched_getaffinity(0))
+    n = workers or thread_count()
     pipeline = _pipeline(model_dir)
     docs, queries = candidate_documents(datasets, pipeline.tokenizer, candidates)
     query = queries[0]
@@ -157,7 +158,7 @@ def run(model_dir: Path, datasets: Path, *, candidates: int = 100, requests: int
             timings["workers"].append(procs.round())
             timings["pool"].append(pool_round(executor, query, docs, requests))
     procs.close()
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     median = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in timings.items()}
     return {
         "cores": cores, "processes": n, "requests": requests, "candidates": candidates, "tokens_per_request": tokens,

@@ -10,6 +10,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from keyrank.cores import CORES_ENV, thread_count
 from keyrank.errors import KeyrankError
 
 PORT_SETTINGS = ("KEYRANK_EMBEDDED_HTTP_PORT", "KEYRANK_EMBEDDED_GRPC_PORT", "KEYRANK_EMBEDDED_METRICS_PORT")
@@ -98,6 +99,9 @@ class PytritonWheel:
         )
         # The stub finds its site-packages (onnxruntime, numpy) through the `python` on PATH.
         env["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), os.environ.get("PATH", "")) if p)
+        # The Python model imports nothing from keyrank: it sizes its threads from the count keyrank makes here
+        # (a container's CPU limit counted), unless the user set one.
+        env.setdefault(CORES_ENV, str(thread_count()))
         return env
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from keyrank.cores import thread_count
 from keyrank.scoring import Batch
 from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
 from keyrank.scoring.in_process import InProcessScorer
@@ -34,7 +35,7 @@ def session_options(threads: int = 0, *, arena: bool = True, mem_pattern: bool =
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.intra_op_num_threads = threads or thread_count()
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

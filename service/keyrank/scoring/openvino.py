@@ -15,10 +15,11 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
+
+from keyrank.cores import thread_count
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class OpenVinoSession:
             log.warning("this CPU has no bfloat16: %s runs in f32 (same scores as fp32, ~half the speed)", self.path)
         self.compiled = core().compile_model(core().read_model(str(self.path)), "CPU", {
             "INFERENCE_PRECISION_HINT": self.precision,
-            "INFERENCE_NUM_THREADS": threads or len(os.sched_getaffinity(0)),
+            "INFERENCE_NUM_THREADS": threads or thread_count(),
             "PERFORMANCE_HINT": "LATENCY",
             "NUM_STREAMS": 1,
         })

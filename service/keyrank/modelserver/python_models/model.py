@@ -32,6 +32,9 @@ from grouping import execute_grouped
 
 THREADS_ENV = "KEYRANK_EMBEDDED_ORT_THREADS"
 """Overrides the config's ``intra_op_thread_count`` parameter."""
+CORES_ENV = "KEYRANK_USABLE_CORES"
+"""The cores this server may use, where they are fewer than its CPU affinity says (a container's CPU limit):
+keyrank sets it for the embedded Triton it starts (keyrank/cores.py, where the count comes from)."""
 RUN_TOKENS_ENV = "KEYRANK_EMBEDDED_RUN_TOKENS"
 """Overrides ``RUN_TOKENS``; 0 = one run per batch, however big."""
 RUN_TOKENS = 4096
@@ -207,11 +210,13 @@ class _OpenVino:
 
 
 def _threads(config: dict) -> int:
-    """Env, then config parameter; 0/unset = the usable CPUs divided among this model's instances."""
+    """Env, then config parameter; 0/unset = the usable CPUs (``CORES_ENV`` where set, else the affinity) divided
+    among this model's instances."""
     value = os.environ.get(THREADS_ENV) or config.get("parameters", {}).get("intra_op_thread_count", {}).get(
         "string_value", "0"
     )
     if int(value) > 0:
         return int(value)
     instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-    return max(1, len(os.sched_getaffinity(0)) // instances)
+    cores = os.environ.get(CORES_ENV, "")
+    return max(1, (int(cores) if cores.isdigit() and int(cores) > 0 else len(os.sched_getaffinity(0))) // instances)
