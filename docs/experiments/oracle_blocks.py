@@ -2,13 +2,15 @@
 
     PYTHONPATH=service python docs/experiments/oracle_blocks.py [--oracle] <keyrank eval arguments>
 
-With ``--oracle`` (and ``--min-share S``: only blocks at least that share evidence) the bm25 selector's block scores are lifted by a constant larger than any BM25 score for
-every block that overlaps a judged evidence span of its document (QMSum's evidence turns, far-relevant's
-inserted passage), so keyb2-blocks reads the evidence first (in BM25's order among the evidence blocks, then
-BM25's best of the rest; keyb2 chooses it first, and with ``KEYRANK_KEYB2_BLOCK_ORDER=score`` reads it first) and everything after selection (the lead rule, runs, the scorer, the fold) is the
-served one. Without it the run is the served default, for a paired comparison in the same command form.
+With ``--oracle`` the bm25 selector's block scores are lifted, by a constant larger than any BM25 score, for
+every block that overlaps a judged evidence span of its document (QMSum's evidence turns for that query,
+far-relevant's inserted passage); ``--min-share S`` lifts only blocks at least that share evidence. So
+keyb2-blocks reads the evidence first (in BM25's order among the evidence blocks, then BM25's best of the rest),
+and keyb2 chooses it first (and reads it first with ``KEYRANK_KEYB2_BLOCK_ORDER=score``). Everything after
+selection (the lead rule, runs, the scorer, the fold) is the served one. Without ``--oracle`` the run is the
+served default, for a paired comparison in the same command form.
 
-It bounds what a better selector could give keyb2-blocks with this scorer and this reading; it reads the
+It bounds what a better selector could give keyb2-blocks or keyb2 with this scorer and this reading; it reads the
 judgements, so it is a diagnostic, never a setting.
 """
 
