@@ -300,7 +300,7 @@ def run(model_dir: Path, datasets: Path, *, requests: int = 100, workers: int = 
 
 def print_table(result: dict) -> None:
     m = result["machine"]
-    print(f"machine: {m['cpu']}, {m['cores']} cores, GPU: {m['gpu'] or 'none'}")
+    print(f"machine: {m['cpu']}, {m['cores']:g} cores, GPU: {m['gpu'] or 'none'}")
     cpu = result["cpu"]
     print(f"CPU preprocessing ceiling, {cpu['workers']} processes, {cpu['tokens_per_query']:,} document tokens per query (cache off):")
     for name, row in cpu["strategies"].items():

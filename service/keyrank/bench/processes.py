@@ -177,7 +177,7 @@ def run(model_dir: Path, datasets: Path, *, candidates: int = 100, requests: int
 
 def print_table(result: dict) -> None:
     print(f"keyb2/bm25 preprocessing, {result['requests']} requests x {result['candidates']} documents "
-          f"({result['tokens_per_request']:,} tokens each), {result['processes']} processes/threads on {result['cores']} cores "
+          f"({result['tokens_per_request']:,} tokens each), {result['processes']} processes/threads on {result['cores']:g} cores "
           f"(load average {result['load_before']:.1f} -> {result['load_after']:.1f}), median of {result['rounds']} interleaved rounds")
     print(f"{'way':<10}{'req/s':>8}{'vs serial':>11}{'CPU s/req':>11}{'ceiling req/s':>15}")
     for name, row in result["ways"].items():
