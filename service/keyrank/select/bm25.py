@@ -158,17 +158,20 @@ def bm25_scores(
     doc = np.repeat(np.arange(counts.shape[0]), counts)
     ends = np.cumsum(counts)
     starts = ends - counts  # a document's blocks are the contiguous rows [starts[d], ends[d])
+    held = counts > 0  # reduceat runs over the documents that have any blocks
     if idf_table is None:
         df = np.zeros((counts.shape[0], q), dtype=np.int64)  # blocks of each document holding each query term
-        held = counts > 0  # one reduceat over the documents that have any blocks
         if held.any():
             df[held] = np.add.reduceat((tf > 0).astype(np.int64), starts[held], axis=0)
         idf = smoothed_idf(df, counts[:, None])[doc]  # [B, q]: each block its document's IDF
     else:
         idf = idf_table.lookup(vocab)[None, :]
     # Sums in a document's own block order: the same blocks give the same bits in any request.
-    avgdl = np.array([max(float(blocks.lengths[a:z].mean()), 1e-9) if z > a else 1.0
-                      for a, z in zip(starts, ends)])
+    # Block lengths are integers: their sums are exact, so each mean has the same bits whatever else is in the call.
+    total = np.zeros(counts.shape[0], dtype=np.int64)
+    if held.any():
+        total[held] = np.add.reduceat(blocks.lengths, starts[held])
+    avgdl = np.where(held, np.maximum(total / np.maximum(counts, 1), 1e-9), 1.0)
     norm = k1 * (1.0 - b + b * blocks.lengths / avgdl[doc])
     # Row-wise products and sums (no BLAS): one block's score is computed the same way whatever else is in the call.
     return (_saturate(tf, norm, k1) * (idf * query_tf)).sum(axis=1)
