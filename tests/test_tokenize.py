@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from keyrank import tokenize
 from keyrank.config import Settings
 from keyrank.pipeline import Pipeline
-from keyrank.tokenize import _PLAIN, TextTokenizer
+from keyrank.tokenize import TextTokenizer
 from shared_data import CE_MODEL
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 

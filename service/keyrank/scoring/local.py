@@ -6,7 +6,6 @@ length buckets and batches as the Triton path, so the scores are the same.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 

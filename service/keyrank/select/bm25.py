@@ -166,8 +166,7 @@ def bm25_scores(
         idf = smoothed_idf(df, counts[:, None])[doc]  # [B, q]: each block its document's IDF
     else:
         idf = idf_table.lookup(vocab)[None, :]
-    # Sums in a document's own block order: the same blocks give the same bits in any request.
-    # Block lengths are integers: their sums are exact, so each mean has the same bits whatever else is in the call.
+    # Each document's mean block length: integer sums are exact, so the same blocks give the same bits in any request.
     total = np.zeros(counts.shape[0], dtype=np.int64)
     if held.any():
         total[held] = np.add.reduceat(blocks.lengths, starts[held])
