@@ -51,9 +51,8 @@ def recording(build):
 def evidence_blocks(query_text, doc, pieces) -> np.ndarray:
     """bool [blocks]: which of a document's blocks overlap one of its evidence spans for this query."""
     spans = EVIDENCE.get((query_text.strip(), doc.text), ())
-    hit = np.zeros(len(pieces), dtype=bool)
     if not spans or len(pieces) == 0:
-        return hit
+        return np.zeros(len(pieces), dtype=bool)
     first = doc.offsets[pieces.starts, 0]
     last = doc.offsets[pieces.ends - 1, 1]
     inside = np.zeros(len(pieces), dtype=np.int64)

@@ -12,11 +12,11 @@ built again with the run's task arguments. A diagnostic: nothing in the product 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 from collections import Counter
 from pathlib import Path
 
+from keyrank.config import Settings
 from keyrank.evaluation import tasks
 from keyrank.tokenize import TextTokenizer
 
@@ -44,9 +44,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dl20-topics", default="held-back")
     parser.add_argument("--data-dir", type=Path, default=Path("../shared/datasets"))
-    parser.add_argument("--tokenizer", type=Path, default=None, help="tokenizer.json (default: the one under models/)")
+    parser.add_argument("--model-dir", type=Path, default=Path("models"), help="the runs' `keyrank prepare` output (its tokenizer)")
     args = parser.parse_args()
-    tokenizer = TextTokenizer.from_file(args.tokenizer or glob.glob("models/gateway/**/tokenizer.json", recursive=True)[0])
+    tokenizer = TextTokenizer.from_file(Settings(model_dir=args.model_dir).gateway_dir / "tokenizer.json")  # as `keyrank eval` reads it
     queries = tasks.build(args.task, args.data_dir, tokenizer, split=args.split, seed=args.seed, dl20_topics=args.dl20_topics)
     qrels = {q.qid: q.qrels for q in queries}
     print("| system | ranked first: grade 2 / 1 / 0 | errors 1 > 0 | errors 2 > 0 | errors 2 > 1 |")
