@@ -173,6 +173,61 @@ def test_a_missing_module_of_no_extra_is_not_dressed_up_as_one(tmp_path):
     assert done.returncode == 1 and "Traceback" in done.stderr and "ModuleNotFoundError" in done.stderr
 
 
+# --- the real `keyrank` entry point: --version, --help without extras, a bad setting in one line -----------
+
+_EXTRAS_MODULES = ["ir_measures", "matplotlib", "tqdm", "torch", "transformers", "onnx", "safetensors", "nncf", "wordfreq"]
+"""What the eval, export and idf extras install: a command's --help must import none of it."""
+
+
+def _keyrank(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    """The installed ``keyrank`` script, as a user runs it, with ``env`` over this environment."""
+    script = Path(sys.executable).with_name("keyrank")
+    assert script.is_file(), f"no keyrank script beside {sys.executable}: install the package (make install-dev)"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("KEYRANK_")}
+    return subprocess.run([str(script), *argv], cwd=cwd, capture_output=True, text=True, timeout=120, env={**clean, **env})
+
+
+def test_version_prints_the_package_version(tmp_path):
+    from keyrank import __version__
+
+    done = _keyrank(["--version"], tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"keyrank {__version__}\n", "")
+
+
+@pytest.mark.parametrize(("command", "option"), [("eval", "--task"), ("tune", "--qrels"), ("finetune", "--loss")])
+def test_help_lists_the_options_of_a_command_whose_extra_is_not_installed(tmp_path, command, option):
+    """The parsers import no extra: what a command takes can be read before installing what it runs on."""
+    done = _keyrank_without(_EXTRAS_MODULES, [command, "--help"], cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert f"usage: keyrank {command}" in done.stdout and f"  {option}" in done.stdout
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"KEYRANK_PORT": "abc"}, "KEYRANK_PORT=abc: Input should be a valid integer"),
+    ({"KEYRANK_KEYB2_BLOCKS": "0"}, "KEYRANK_KEYB2_BLOCKS=0: Input should be greater than or equal to 1"),
+    ({"KEYRANK_DEFAULT_STRATEGY": "bestp"}, "KEYRANK_DEFAULT_STRATEGY=bestp: Input should be 'firstp'"),
+    ({"KEYRANK_LENGTH_BUCKETS": "64 128"}, "KEYRANK_LENGTH_BUCKETS: not a JSON value of type list[int]"),
+    ({"KEYRANK_ENV_FILE": "missing.env"}, "KEYRANK_ENV_FILE=missing.env: no such file"),
+    ({"KEYRANK_BM25_IDF": "table"}, "bm25_idf=table needs bm25_idf_table (KEYRANK_BM25_IDF_TABLE)"),
+])
+def test_a_bad_setting_is_one_line_naming_it_and_exit_2_and_help_still_answers(tmp_path, env, named):
+    commands = [["serve"], ["serve", "--help"], ["bench", "--help"], ["idf", "--docs", "d.jsonl", "--out", "idf.json"]]
+    if "KEYRANK_ENV_FILE" not in env:  # eval's parser reads the environment's settings (not the file) for a default
+        commands.append(["eval", "--help"])
+    for argv in commands:
+        done = _keyrank(argv, tmp_path, **env)
+        assert done.returncode == 2, (argv, done.stdout[-500:], done.stderr[-2000:])
+        assert done.stderr.startswith(f"keyrank {argv[0]}: ") and named in done.stderr, (argv, done.stderr)
+        assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, (argv, done.stderr)
+    top = _keyrank(["--help"], tmp_path, **env)
+    assert top.returncode == 0 and "{prepare,serve," in top.stdout and top.stderr == "", top.stderr
+
+
+def test_a_bad_serve_option_is_one_line_naming_it(tmp_path):
+    done = _keyrank(["serve", "--models", "base=models", "--default-model", "ft"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and "KEYRANK_DEFAULT_MODEL" in done.stderr, done.stderr
+
+
 # --- finetune: nothing to train on is refused; an empty dev set is said -----------------------------------
 
 

@@ -6,11 +6,13 @@ import argparse
 import importlib.util
 import re
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 
+from keyrank import __version__
 from keyrank.cli_format import DefaultsHelpFormatter
-from keyrank.config import Settings, get_settings
+from keyrank.config import BadSetting, Settings, bad_setting, get_settings
 
 _SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers", "models", "default_model")
 _IMPORT_NAMES = {"nvidia-pytriton": "pytriton", "scikit-learn": "sklearn", "pyyaml": "yaml", "pillow": "PIL"}
@@ -48,11 +50,28 @@ def _check_extras(command: str) -> None:
             raise ModuleNotFoundError(f"No module named {module!r}", name=module)
 
 
-def _run_subcommand(command: str, run) -> int:
-    """Run a subcommand; a module of an optional extra that is not installed becomes one line and exit 2."""
+_HELP = ("-h", "--help")
+
+
+def _run_subcommand(command: str, run, rest: Sequence[str] = ()) -> int:
+    """Run a subcommand; a module of an optional extra that is not installed, or a setting that does not parse,
+    becomes one line and exit 2. ``--help`` needs no extra: the parsers import none (tests/test_cli.py)."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
     try:
-        _check_extras(command)
-        return run() or 0
+        try:
+            if not any(flag in rest for flag in _HELP):
+                _check_extras(command)
+            return run() or 0
+        except (ValidationError, SettingsError) as exc:  # Settings() read where a command builds its parser
+            bad = bad_setting(exc)
+            if bad is None:
+                raise
+            raise bad from None
+    except BadSetting as exc:
+        print(f"keyrank {command}: {exc}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as exc:
         extra = extra_providing(exc.name or "")
         if extra is None:
@@ -152,26 +171,38 @@ _OWN_FLAGS = {"prepare": _prepare, "eval": _eval, "bench": _bench, "guard": _gua
 """Subcommands that parse their own flags (their --help lists them with their defaults)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser(settings: Settings | None = None) -> argparse.ArgumentParser:
+    """``keyrank``'s parser: its subcommands (those that own their flags parse them themselves). ``settings``
+    are the defaults ``serve --help`` shows; None = the built-in ones."""
     parser = argparse.ArgumentParser(prog="keyrank", description="Re-ranking service for long documents.")
+    parser.add_argument("--version", action="version", version=f"keyrank {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     commands.add_parser("prepare", help="export a cross-encoder (+ bi-encoder) to ONNX and write the Triton repositories", add_help=False)
-    _serve_parser(commands, get_settings())
+    _serve_parser(commands, settings or Settings.model_construct())
     commands.add_parser("finetune", help="fine-tune a reranker (or train a PARADE aggregator) on judged data, on the served inputs", add_help=False)
     commands.add_parser("eval", help="measure strategies on the shared judged data (KEYRANK_EVAL_DATA_DIR), or on your TREC files (--task trec)", add_help=False)
     commands.add_parser("tune", help="choose strategy, selector and keyb2 settings on your judged dev queries; writes an env file serve reads", add_help=False)
     commands.add_parser("bench", help="preprocessing throughput vs the raw tokenizer", add_help=False)
     commands.add_parser("guard", help="model-path liveness for a Triton pod (Kubernetes sidecar)", add_help=False)
     commands.add_parser("idf", help="build a BM25 IDF table from your own documents (KEYRANK_BM25_IDF_TABLE)", add_help=False)
+    return parser
 
-    # prepare / eval / bench / guard / finetune own their flags: hand them the rest of the line.
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # prepare / eval / bench / guard / finetune / tune / idf own their flags: hand them the rest of the line.
     if argv and argv[0] in _OWN_FLAGS:
         command, rest = argv[0], argv[1:]
-        return _run_subcommand(command, lambda: _OWN_FLAGS[command](rest))
-
-    args = parser.parse_args(argv)
+        return _run_subcommand(command, lambda: _OWN_FLAGS[command](rest), rest)
+    try:
+        settings = get_settings()
+    except BadSetting as exc:
+        if argv and argv[0] == "serve":  # its --help shows the effective settings: there are none to show
+            print(f"keyrank serve: {exc}", file=sys.stderr)
+            return 2
+        settings = None  # `keyrank --help` and `--version` still answer, with the built-in defaults
+    args = parser(settings).parse_args(argv)
     return _run_subcommand(args.command, lambda: args.run(args))
 
 

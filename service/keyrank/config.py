@@ -239,11 +239,61 @@ ENV_FILE_VARIABLE = "KEYRANK_ENV_FILE"
 ``keyrank tune`` writes; docker ``--env-file`` and compose ``env_file:`` read the same file."""
 
 
+class BadSetting(ValueError):
+    """A ``KEYRANK_*`` value (or the env file) the settings cannot take, said in one line that names the
+    variable and what it expects: what ``keyrank`` prints (exit 2) instead of a traceback."""
+
+
+def variable(field: str) -> str:
+    """The environment variable of a settings field: ``port`` -> ``KEYRANK_PORT``."""
+    return f"{Settings.model_config['env_prefix']}{field.upper()}"
+
+
+def bad_setting(error: Exception) -> BadSetting | None:
+    """``error`` as a BadSetting when the settings raised it (pydantic's ValidationError of ``Settings``, or
+    pydantic-settings' parse error of a list value): one line per problem, each naming its variable, what it
+    was given and what it expects. None for any other error."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    if isinstance(error, ValidationError) and error.title == Settings.__name__:
+        lines = []
+        for problem in error.errors(include_url=False):
+            message = str(problem["msg"]).removeprefix("Value error, ")
+            if problem["loc"] and problem["loc"][0] in Settings.model_fields:
+                given = problem.get("input")
+                shown = f"={given}" if isinstance(given, str | int | float) else ""
+                message = f"{variable(str(problem['loc'][0]))}{shown}: {message}"
+            lines.append(message)
+        return BadSetting("; ".join(lines))
+    if isinstance(error, SettingsError):
+        # 'error parsing value for field "length_buckets" from source "EnvSettingsSource"': a list or dict value
+        found = re.search(r'field "(\w+)"', str(error))
+        if found and found.group(1) in Settings.model_fields:
+            field = found.group(1)
+            return BadSetting(f"{variable(field)}: not a JSON value of type {Settings.model_fields[field].annotation} (e.g. [64,128,256,512])")
+    return None
+
+
+def read_settings(env_file: str | None = None) -> Settings:
+    """The settings from the environment (and ``env_file`` under it); a value they cannot take raises BadSetting."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(_env_file=env_file) if env_file else Settings()
+    except (ValidationError, SettingsError) as exc:
+        bad = bad_setting(exc)
+        if bad is None:
+            raise
+        raise BadSetting(f"{bad} (read from the environment and {ENV_FILE_VARIABLE}={env_file})" if env_file else str(bad)) from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
+    """This process's settings (read once). Raises BadSetting, naming the variable, for a value that does not
+    parse or a ``KEYRANK_ENV_FILE`` that is not a file."""
     env_file = os.environ.get(ENV_FILE_VARIABLE)
-    if not env_file:
-        return Settings()
-    if not Path(env_file).is_file():
-        raise ValueError(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
-    return Settings(_env_file=env_file)
+    if env_file and not Path(env_file).is_file():
+        raise BadSetting(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
+    return read_settings(env_file or None)

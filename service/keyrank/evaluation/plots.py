@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -24,6 +23,8 @@ def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]
 
 def quality_vs_cost(task_report: dict, path: Path, measure: str | None = None) -> Path:
     """Quality against scored tokens per query (log x), one point per system, Pareto front drawn."""
+    from matplotlib.figure import Figure  # the eval extra's: imported when drawing, so `keyrank eval --help` needs none
+
     measure = measure or task_report["measures"][0]
     fig = Figure(figsize=(7, 4.5), dpi=120)
     ax = fig.add_subplot()
@@ -60,6 +61,8 @@ def block_positions(task_report: dict, path: Path) -> Path | None:
     systems = {n: s["positions"] for n, s in task_report["systems"].items() if s.get("positions")}
     if not systems:
         return None
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(9, 4), dpi=120)
     axes = fig.subplots(1, 2, sharex=True)
     for ax, which in zip(axes, ("all", "relevant")):

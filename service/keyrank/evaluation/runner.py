@@ -17,8 +17,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from keyrank.data.queries import EvalQuery
 from keyrank.data.runs import QueryRun
 from keyrank.pipeline import RerankOptions
@@ -84,6 +82,8 @@ async def run_system(reranker, system: System, queries: Sequence[EvalQuery], *, 
 
     ``concurrency=1`` keeps per-query wall times free of queueing (the
     latency view); more keeps a GPU busy (the throughput view)."""
+    from tqdm.auto import tqdm  # the eval extra's: imported by a run, not by `keyrank eval --help`
+
     bar = tqdm(total=len(queries), desc=f"{label}{system.name}", unit="q", disable=not progress, leave=True)
     limit = asyncio.Semaphore(max(1, concurrency))
 

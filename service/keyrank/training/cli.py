@@ -21,9 +21,8 @@ from pathlib import Path
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.data.judged import add_trec_arguments, trec_files
 from keyrank.strategies import STRATEGIES
-from keyrank.training.losses import LOSSES
 from keyrank.training.planned import TRAINABLE
-from keyrank.training.recipe import FinetuneConfig
+from keyrank.training.recipe import LOSSES, FinetuneConfig
 from keyrank.training.splits import TASKS
 
 

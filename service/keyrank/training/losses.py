@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-LOSSES = ("listwise", "hinge")
-"""Ranking losses ``keyrank finetune --loss`` accepts."""
+from keyrank.training.recipe import LOSSES
 
 
 def hinge(scores: torch.Tensor, margin: float = 1.0) -> torch.Tensor:

@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
-
 from keyrank.data.judged import JudgedQuery
 from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
@@ -88,6 +86,8 @@ def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], strategy: str, 
              cross_scorer=None, *, desc: str = "plan", progress: bool = True) -> list[PlannedQuery]:
     """Every query planned as the server would plan it, the options resolved once for all of them (a progress
     bar: a QMSum query group is ~12k tokens to cut and select)."""
+    from tqdm.auto import tqdm  # the eval extra's: imported by a run, not by `keyrank finetune --help`
+
     resolved = training_request(pipeline, strategy, selector)
     return [plan_query(pipeline, q, resolved, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
 

@@ -19,6 +19,10 @@ from keyrank.data.splits import DEV_PERCENT
 from keyrank.tokenize import TextTokenizer
 from keyrank.training import splits
 
+LOSSES = ("listwise", "hinge")
+"""Ranking losses ``keyrank finetune --loss`` accepts (losses.py computes them; named here, where the parser
+reads them without PyTorch)."""
+
 TREC_DEV_SALT = "keyrank/trec-dev/"
 """Salt of the dev carve-out of TREC-file queries (by query id)."""
 
