@@ -107,6 +107,51 @@ def test_a_stopped_model_process_turns_readyz_503_within_a_second_and_is_replace
     assert serve.repairs() == 1
 
 
+def test_a_model_that_fails_every_run_turns_readyz_503_within_a_second_and_is_reloaded_once(prepared_models, tmp_path):
+    # A runtime that fails every run (as OpenVINO did after a cancel inside a run) while Triton keeps the model
+    # "ready": 503s for everyone behind a green /readyz. The model process exits after 3 failed runs in a row,
+    # and the supervisor's repair follows. The fault is injected into the real model process by a file.
+    fault = tmp_path / "fault"
+    served = Serve(prepared_models, tmp_path, KEYRANK_REQUEST_TIMEOUT_S="120", KEYRANK_EMBEDDED_FAULT_FILE=str(fault))
+    try:
+        assert httpx.post(f"{served.url}/rerank", json=BODY, timeout=30).status_code == 200
+        triton = served.triton()
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    statuses.append(client.post(f"{served.url}/rerank", json=BODY).status_code)
+
+        loader = threading.Thread(target=load, daemon=True)
+        fault.touch()
+        started = time.monotonic()
+        loader.start()
+        try:
+            down = wait_status(served.url, "/readyz", 503, timeout=1.0)
+            fault.unlink()
+            back = wait_status(served.url, "/readyz", 200, timeout=30.0)
+        finally:
+            stop.set()
+            loader.join(60)
+            fault.unlink(missing_ok=True)
+        print(f"failing model: /readyz 503 {down:.2f} s after the fault, 200 again {back:.2f} s later; "
+              f"answers under load {statuses}")
+        assert set(statuses) <= {200, 503}, statuses
+        assert 503 in statuses
+        assert httpx.post(f"{served.url}/rerank", json=BODY, timeout=30).json()["results"][0]["index"] == 0
+        time.sleep(1.0)
+        assert served.repairs() == 1, served.log.read_text()[-2000:]
+        assert "model process died" in served.log.read_text()  # it exited: its stderr (why) is in Triton's log
+        assert tritonserver_of(served.proc.pid) == triton  # a reload, not a restart
+        served.stop_and_check()
+    finally:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
+
+
 def _long_inference(rows: int = 64, width: int = 512) -> dict:
     """A Triton request body of ``rows`` x ``width`` tokens (the model's largest batch at its longest
     sequence): seconds of work for one instance (3-7 s on 2 cores, 20 s and more on 2 busy ones)."""

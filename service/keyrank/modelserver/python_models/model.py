@@ -36,11 +36,26 @@ CORES_ENV = "KEYRANK_USABLE_CORES"
 """The cores this server may use, where they are fewer than its CPU affinity says (a container's CPU limit):
 keyrank sets it for the embedded Triton it starts (keyrank/cores.py, where the count comes from)."""
 RUN_TOKENS_ENV = "KEYRANK_EMBEDDED_RUN_TOKENS"
-"""Overrides ``RUN_TOKENS``; 0 = one run per batch, however big."""
+"""Overrides ``RUN_TOKENS`` (``OPENVINO_RUN_TOKENS`` on OpenVINO); 0 = one run per batch, however big."""
 RUN_TOKENS = 4096
 """Tokens (rows x width) of one ONNX Runtime run: a bigger batch runs in slices of at most this many
 (8 x 512, 32 x 128), so the stub's peak memory does not grow with what the dynamic batcher merged
 (docs/RELIABILITY.md, "Memory of the model process")."""
+OPENVINO_RUN_TOKENS = 512
+"""Tokens of one OpenVINO run. OpenVINO's CPU plugin cannot be stopped inside a run: an
+``InferRequest.cancel`` leaves the compiled model's shape inference half-updated, and the next runs of
+another shape fail ("Failed to broadcast-merge input shapes", openvino 2026.4.1) until some third shape
+clears it. So a batch on OpenVINO is never cancelled inside a run: it runs in slices of one 512-token
+row (per-row cost is flat at 512 tokens: 46.7 ms for [1, 512], 47.2 ms a row for [8, 512] in bf16 on 2
+cores) and stops between slices once all its requests were cancelled; a small request waits one slice at
+most (docs/RELIABILITY.md, "Preemption")."""
+FAILURES_BEFORE_EXIT = 3
+"""Failed runs in a row (cancellations aside) after which this model process exits: a runtime that fails
+every run is broken, and Triton would keep the model "ready" while every request gets an error. The
+supervisor (keyrank/modelserver/supervision.py) sees the process die, unloads the model (``/readyz`` 503) and
+loads it again, once."""
+FAULT_FILE_ENV = "KEYRANK_EMBEDDED_FAULT_FILE"
+"""Fault injection for the tests: while the file this names exists, every run fails as a broken runtime's would."""
 
 
 class TritonPythonModel:
@@ -88,14 +103,32 @@ class TritonPythonModel:
             # keeps the export's inputs for every client, and the session is fed only those it declares.
             self.session_inputs = frozenset(i.name for i in self.session.get_inputs())
         # On the GPU a batch runs whole: its memory is the GPU's, and slices would starve it.
-        self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or (0 if self.device else RUN_TOKENS))
+        default = 0 if self.device else OPENVINO_RUN_TOKENS if isinstance(self.session, _OpenVino) else RUN_TOKENS
+        self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or default)
+        self.failures = 0
+        """Runs failed in a row (``_run``)."""
 
     def execute(self, requests: list) -> list:
-        def run(batch: dict, batch_requests: list) -> list:
-            feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
-            return _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens, self.device)
+        return execute_grouped(requests, self.input_names, self.output_names, self._run)
 
-        return execute_grouped(requests, self.input_names, self.output_names, run)
+    def _run(self, batch: dict, batch_requests: list) -> list:
+        """One equal-shape batch; counts the runs that fail in a row and exits at ``FAILURES_BEFORE_EXIT``."""
+        feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
+        try:
+            fault = os.environ.get(FAULT_FILE_ENV)
+            if fault and os.path.exists(fault):
+                raise RuntimeError(f"injected fault ({FAULT_FILE_ENV} {fault} exists)")
+            outputs = _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens, self.device)
+        except Exception as exc:
+            if not all(request.is_cancelled() for request in batch_requests):  # a stop on cancel is no failure
+                self.failures += 1
+                if self.failures >= FAILURES_BEFORE_EXIT:
+                    print(f"keyrank: {self.failures} runs failed in a row, the last with: {exc}; "
+                          "exiting so that the model is loaded again", file=sys.stderr, flush=True)
+                    os._exit(70)  # EX_SOFTWARE; the supervisor reloads the model
+            raise
+        self.failures = 0
+        return outputs
 
     def finalize(self) -> None:
         self.session = None
@@ -108,23 +141,31 @@ _FROZEN_S = 0.5
 its requests meanwhile ("Stub process ... is not healthy")."""
 
 
+class Stopped(RuntimeError):
+    """Every request of the batch was cancelled: the rest of its slices were not run."""
+
+
 def _run_in_slices(session, output_names: list, batch: dict, requests: list, run_tokens: int, device: str | None = None) -> list:
-    """``_run_unless_cancelled`` over row slices of at most ``run_tokens`` tokens each, outputs joined."""
+    """``_run_unless_cancelled`` over row slices of at most ``run_tokens`` tokens each, outputs joined; stops
+    between slices once every request of the batch has been cancelled (``Stopped``)."""
     rows, width = next(iter(batch.values())).shape
     step = rows if run_tokens <= 0 else max(1, run_tokens // max(1, width))
     if rows <= step:
         return _run_unless_cancelled(session, output_names, batch, requests, device)
-    parts = [_run_unless_cancelled(session, output_names, {k: v[i : i + step] for k, v in batch.items()}, requests, device)
-             for i in range(0, rows, step)]
+    parts = []
+    for i in range(0, rows, step):
+        if i and all(request.is_cancelled() for request in requests):
+            raise Stopped(f"cancelled after {i} of {rows} rows")
+        parts.append(_run_unless_cancelled(session, output_names, {k: v[i : i + step] for k, v in batch.items()}, requests, device))
     return [np.concatenate([part[j] for part in parts]) for j in range(len(output_names))]
 
 
 def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list, device: str | None = None) -> list:
-    """``session.run``, terminated early when every request of the batch has been cancelled
-    (ONNX Runtime's RunOptions.terminate, or OpenVINO's InferRequest.cancel, from a watcher thread).
+    """``session.run``, terminated early when every request of the batch has been cancelled (ONNX Runtime's
+    RunOptions.terminate, from a watcher thread; OpenVINO runs to the end of its slice, ``OPENVINO_RUN_TOKENS``).
     On the GPU (``device`` "cuda") through I/O binding: inputs copied once, outputs copied back once."""
     if isinstance(session, _OpenVino):
-        return session.run(output_names, batch, requests)
+        return session.run(output_names, batch)
     options = ort.RunOptions()
     # the arena given back (the GPU's too)
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0;gpu:0" if device == "cuda" else "cpu:0")
@@ -188,7 +229,8 @@ def _has_openvino() -> bool:
 
 class _OpenVino:
     """OpenVINO's CPU plugin on model.onnx (keyrank/scoring/openvino.py, written out): bf16 where the CPU
-    has it, latency hint, one stream, one infer request (an instance runs one batch at a time)."""
+    has it, latency hint, one stream, one infer request (an instance runs one batch at a time). Never
+    cancelled inside a run (``OPENVINO_RUN_TOKENS`` says why)."""
 
     def __init__(self, path: Path, precision: str, threads: int) -> None:
         import openvino as ov
@@ -203,9 +245,8 @@ class _OpenVino:
         self.request = self.compiled.create_infer_request()
         self.input_names = frozenset(port.get_any_name() for port in self.compiled.inputs)
 
-    def run(self, output_names: list, batch: dict, requests: list) -> list:
-        with _stopped_when_cancelled(requests, self.request.cancel):
-            self.request.infer(batch)
+    def run(self, output_names: list, batch: dict) -> list:
+        self.request.infer(batch)
         return [self.request.get_tensor(name).data.copy() for name in output_names]
 
 
