@@ -18,6 +18,13 @@ class ModelCard(Wire):
     """Unix time the model was prepared (its manifest was written)."""
     owned_by: str = "keyrank"
     """Who serves it."""
+    runtime: str
+    """keyrank's extension: what computes its scores: ``openvino``, ``onnxruntime``, ``torch``, ``tensorrt`` or
+    ``unknown`` (an external Triton that does not say; api/served.py)."""
+    precision: str
+    """keyrank's extension: what it computes in: ``bfloat16``, ``float16``, ``float32``, ``int8`` or ``unknown``."""
+    device: str
+    """keyrank's extension: ``cpu``, ``cuda`` or ``unknown``."""
 
 
 class ModelList(Wire):

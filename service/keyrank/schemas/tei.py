@@ -89,7 +89,9 @@ class TeiInfo(Wire):
     model_sha: str | None = None
     """Not tracked: null."""
     model_dtype: str
-    """The weights' type in the exported ONNX model."""
+    """What the default model computes in, as it serves now (api/served.py): ``bfloat16`` (OpenVINO on a CPU with
+    bf16, the PyTorch GPU variant), ``float16`` (TensorRT, ONNX Runtime's CUDA graph), ``float32``, ``int8``, or
+    ``unknown`` (an external Triton that does not say)."""
     model_type: TeiModelType
     """Always a reranker."""
     max_concurrent_requests: int

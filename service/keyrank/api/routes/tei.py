@@ -20,6 +20,7 @@ from keyrank.api.limits import as_sent
 from keyrank.api.ranking import rank
 from keyrank.api.routes import coverage, model_id, model_ids, served_model
 from keyrank.api.routes.vendor import requested_model, vendor_headers, vendor_score
+from keyrank.api.served import served_models
 from keyrank.errors import InvalidRequest
 from keyrank.reranker import RerankOptions
 from keyrank.schemas import TeiErrorResponse, TeiInfo, TeiRerankRequest, TeiRerankResponse
@@ -63,10 +64,11 @@ async def rerank_tei(body: TeiRerankRequest, request: Request) -> Response:
 @router.get("/info", response_model=TeiInfo, summary="TEI's model and limits.")
 async def info_tei(request: Request) -> TeiInfo:
     settings = request.app.state.settings
+    served = await served_models(request.app)
     return TeiInfo(
         model_id=model_id(request),
         models=model_ids(request),
-        model_dtype="float32",
+        model_dtype=next(iter(served.values())).precision if served else "unknown",  # the default model's
         model_type={"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
         max_concurrent_requests=settings.triton_max_in_flight * settings.workers,
         max_input_length=settings.max_sequence_length,
