@@ -6,11 +6,12 @@ can live with; every limit is answered by a 4xx that names it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal, get_args, get_origin
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -99,6 +100,9 @@ class Settings(BaseSettings):
     # --- deadlines and failure ----------------------------------------------
     request_timeout_s: float = Field(30.0, description="Deadline for one /rerank; past it the answer is 503.")
     triton_connect_timeout_s: float = Field(1.0, description="Health/readiness probe timeout towards Triton.")
+    triton_balancing: Literal["round_robin", "pick_first"] = Field("round_robin", description="How the gateway spreads its Triton calls over the addresses triton_url resolves to: 'round_robin' = every call to the next ready replica (a headless Service, or Docker's DNS with `--scale`, gives every replica's address; new ones are found when Triton ages a connection out), and a call refused with UNAVAILABLE is retried on another; 'pick_first' = one connection to the first address, for a service mesh (Linkerd, Istio) that balances itself.")
+    triton_keepalive_s: float = Field(5.0, ge=0, description="Seconds between keepalive pings on each Triton connection, calls or none (0 = off): a replica that stops answering (lost node, black-holed network) is dropped after this plus triton_keepalive_timeout_s instead of when TCP gives up (~15 min). Triton must permit pings this often (--grpc-keepalive-permit-without-calls=1, --grpc-http2-min-recv-ping-interval-without-data below this; the chart, compose and the embedded Triton set them).")
+    triton_keepalive_timeout_s: float = Field(5.0, gt=0, description="Seconds a keepalive ping may go unanswered before the connection is closed and its calls go to other replicas.")
     retry_after_s: int = Field(1, description="Retry-After header on 503.")
     keep_alive_s: float = Field(5.0, gt=0, description="Idle seconds a keep-alive connection stays open (uvicorn's timeout_keep_alive, keyrank serve). A 429 or 503 whose Retry-After is as long or longer closes its connection (Connection: close): a client that waits and retries then opens a new one instead of writing into one the server has closed.")
     shutdown_grace_s: float = Field(10.0, gt=0, description="On SIGTERM, seconds in-flight requests may still finish; those running past it get 503 + Retry-After (keyrank serve). Kubernetes' terminationGracePeriodSeconds must exceed it (the chart checks).")
@@ -125,8 +129,8 @@ class Settings(BaseSettings):
     # --- API -------------------------------------------------------------------
     api_key: SecretStr | None = Field(None, description="If set, requests need `Authorization: Bearer <key>`.")
     model_name: str | None = Field(None, description="What answers report as `model`; unset = the prepared model's folder name or hub id.")
-    default_strategy: Strategy = "keyb2-blocks"
-    default_selector: Selector = "bm25"
+    default_strategy: Strategy = Field("keyb2-blocks", description="Strategy of a request that names none (README, \"Strategies\"). One a served model cannot serve (longp on a 512-position model, a strategy whose trained part is missing) stops the start naming this setting (`keyrank serve` exits 2 before Triton starts).")
+    default_selector: Selector = Field("bm25", description="Block selector of a request that names none, for the strategies that select blocks (keyb2, keyb2-blocks and their variants; README, \"Strategies\"); `dense` and `hybrid` need the bi-encoder `keyrank prepare` exports, checked at start like default_strategy.")
     playground: bool = Field(True, description="Serve the /playground page (a ranking with its evidence highlighted), behind api_key when one is set; false = 404.")
 
     # --- embedded Triton (keyrank serve without --triton-url) ---------------
@@ -138,7 +142,7 @@ class Settings(BaseSettings):
     embedded_instances: int = Field(1, description="Model instances in the embedded Triton.")
     embedded_nice: int = Field(10, ge=0, le=19, description="Niceness added to the embedded Triton and its model processes on the CPU: on a machine whose cores the model fills, the gateway's own work (parsing, tokenizing, selecting key blocks) is not kept waiting by it, and a small request's latency behind a heavy one's stays low. 0 = as the gateway; the GPU variant gets 0.")
     embedded_ready_timeout_s: float = Field(120.0, description="How long `serve` waits for the embedded model to load.")
-    embedded_device: Literal["cpu", "cuda"] = Field("cpu", description="Embedded Triton model: 'cpu' = triton-embedded/ (ONNX Runtime); 'cuda' = triton-embedded-cuda/ (PyTorch on the GPU, written by `keyrank prepare --device cuda`). Also read by that model (KEYRANK_EMBEDDED_DEVICE).")
+    embedded_device: Literal["cpu", "cuda"] = Field("cpu", description="Embedded Triton model: 'cpu' = triton-embedded/ (the CPU variant `keyrank prepare` chose: OpenVINO in bf16 where the CPU has bfloat16, else OpenVINO fp32 or ONNX Runtime; GET /v1/models says which); 'cuda' = triton-embedded-cuda/ (PyTorch on the GPU, written by `keyrank prepare --device cuda`). Also read by that model (KEYRANK_EMBEDDED_DEVICE).")
     embedded_cuda_runtime: Literal["torch", "onnxruntime"] = Field("torch", description="With embedded_device 'cuda': 'torch' = triton-embedded-cuda/ (PyTorch); 'onnxruntime' = triton-embedded-cuda-ort/ (the fp16 graph on ONNX Runtime's CUDA provider, onnxruntime-gpu; both written by `keyrank prepare --device cuda`).")
     embedded_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Precision of the GPU variant's model (KEYRANK_EMBEDDED_DTYPE overrides its config).")
     embedded_cuda_graphs: bool = Field(False, description="GPU variant: replay a captured CUDA graph per (batch, width) instead of launching each kernel (KEYRANK_EMBEDDED_CUDA_GRAPHS).")
@@ -297,3 +301,79 @@ def get_settings() -> Settings:
     if env_file and not Path(env_file).is_file():
         raise BadSetting(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
     return read_settings(env_file or None)
+
+
+# --- docs/CONFIGURATION.md, written from the fields (tests/test_docs.py keeps the page equal to it) -----------
+
+OTHER_VARIABLES: dict[str, tuple[str, str]] = {
+    ENV_FILE_VARIABLE: ("unset", "A file of `KEYRANK_*=value` lines read under the environment (the environment wins), e.g. "
+                        "`tune/keyrank.env` from `keyrank tune`; docker `--env-file` and compose `env_file:` read the same "
+                        "file. A file that is not there stops every command, naming it (exit 2)."),
+    "KEYRANK_USABLE_CORES": ("the usable cores", "Cores the embedded Triton's model sizes its threads from (divided among "
+                             "its instances). keyrank sets it for the Triton it starts: the CPU affinity, capped by a "
+                             "container's CPU limit (cgroup v2 `cpu.max`); the gateway's own runtimes and `keyrank bench` "
+                             "count the same way. Set it for a Triton you run yourself in a container with a CPU limit."),
+    "KEYRANK_EMBEDDED_ORT_THREADS": ("unset", "Threads of the embedded CPU model's runtime (ONNX Runtime or OpenVINO), fixed "
+                                     "(over its config's `intra_op_thread_count` and KEYRANK_USABLE_CORES)."),
+    "KEYRANK_EMBEDDED_RUN_TOKENS": ("4096 (ONNX Runtime), 512 (OpenVINO)", "Most tokens (rows x width) one run of the "
+                                    "embedded CPU model takes: bigger merged batches run in slices, bounding the model "
+                                    "process's peak memory (docs/RELIABILITY.md); 0 = one run per batch."),
+}
+"""Variables read outside ``Settings``, by the embedded model process (which imports nothing from keyrank) or
+before the settings are read: variable -> (default, meaning)."""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _bounds(metadata: list) -> str:
+    limits = []
+    for item in metadata:
+        for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(item, attr, None) is not None:
+                limits.append(f"{sign} {getattr(item, attr)}")
+    return f", {' and '.join(limits)}" if limits else ""
+
+
+def _type_of(annotation: object) -> str:
+    args, origin = get_args(annotation), get_origin(annotation)
+    if annotation in (Strategy, Selector):
+        return f"a {'strategy' if annotation is Strategy else 'selector'} of the registry (README)"
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
+    if type(None) in args:
+        return _type_of(next(a for a in args if a is not type(None))) + " or unset"
+    if origin is list:
+        return f"JSON list of {_type_of(args[0])}"
+    names = {Path: "path", SecretStr: "secret text", bool: "`true` / `false`", int: "integer", float: "number", str: "text"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))  # type: ignore[call-overload]
+
+
+def _default_of(value: object) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, int) and value >= 2**20 and value % 2**20 == 0:
+        return f"{value} ({value // 2**20} MiB)"
+    if isinstance(value, list):
+        return f"`{json.dumps(value)}`"
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """docs/CONFIGURATION.md's table: every ``Settings`` field in declaration order with its variable, type,
+    default and meaning (its description)."""
+    rows = ["| variable | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        kind = _type_of(field.annotation) + _bounds(field.metadata)
+        rows.append(f"| `{variable(name)}` | {_cell(kind)} | {_cell(_default_of(field.default))} | {_cell(field.description or '')} |")
+    return "\n".join(rows) + "\n"
+
+
+def other_variables_table() -> str:
+    """docs/CONFIGURATION.md's table of ``OTHER_VARIABLES``."""
+    rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
+    rows += [f"| `{name}` | {_cell(default)} | {_cell(meaning)} |" for name, (default, meaning) in OTHER_VARIABLES.items()]
+    return "\n".join(rows) + "\n"
