@@ -5,12 +5,11 @@ precision and device, and GET /tei/info's ``model_dtype`` is the default model's
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prepared_variants import as_variant
 
 from keyrank.api import create_app
 from keyrank.api.served import Served, embedded_cpu, from_triton_config, in_process
@@ -18,23 +17,6 @@ from keyrank.config import Settings
 from keyrank.scoring import openvino
 
 DEAD_TRITON = "127.0.0.1:1"
-
-
-def _as_variant(prepared: Path, out: Path, variant: str, runtime: dict | None) -> Path:
-    """A copy of the prepared folder (files linked) whose CPU variant is ``variant``, run by ``runtime``
-    (runtime.json beside the embedded model.onnx; None = none, i.e. ONNX Runtime), as `keyrank prepare` writes it."""
-    shutil.copytree(prepared, out, copy_function=lambda src, dst: Path(dst).symlink_to(Path(src).resolve()),
-                    ignore=shutil.ignore_patterns("cpu"))
-    manifest_path = out / "gateway" / "manifest.json"
-    manifest = json.loads(manifest_path.read_text())
-    manifest["cross_encoder"]["cpu"] = {"variant": variant, **({"runtime": runtime} if runtime else {})}
-    manifest_path.unlink()
-    manifest_path.write_text(json.dumps(manifest))
-    version = out / "triton-embedded" / "cross_encoder" / "1"
-    (version / "runtime.json").unlink(missing_ok=True)
-    if runtime:
-        (version / "runtime.json").write_text(json.dumps(runtime))
-    return out
 
 
 def _here(precision: str) -> str:
@@ -45,7 +27,7 @@ def _here(precision: str) -> str:
 @pytest.fixture(scope="module")
 def bf16_models(prepared_models, tmp_path_factory) -> Path:
     """The real model as `keyrank prepare`'s default serves it where the CPU has bf16: openvino-bf16."""
-    return _as_variant(prepared_models, tmp_path_factory.mktemp("served") / "bf16", "openvino-bf16",
+    return as_variant(prepared_models, tmp_path_factory.mktemp("served") / "bf16", "openvino-bf16",
                        {"runtime": "openvino", "precision": "bf16"})
 
 
@@ -83,7 +65,7 @@ def test_the_embedded_reading_falls_back_as_the_model_does(bf16_models, tmp_path
     assert embedded_cpu(settings) == Served("openvino", "float32", "cpu")  # no bf16 on this CPU: f32
     monkeypatch.setattr(openvino, "available", lambda: False)
     assert embedded_cpu(settings) == Served("onnxruntime", "float32", "cpu")  # OpenVINO missing: ONNX Runtime
-    int8 = _as_variant(bf16_models, tmp_path / "int8", "int8", None)
+    int8 = as_variant(bf16_models, tmp_path / "int8", "int8", None)
     assert embedded_cpu(Settings(model_dir=int8)) == Served("onnxruntime", "int8", "cpu")
 
 
