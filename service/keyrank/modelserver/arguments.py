@@ -15,6 +15,16 @@ from keyrank.errors import KeyrankError
 
 PORT_SETTINGS = ("KEYRANK_EMBEDDED_HTTP_PORT", "KEYRANK_EMBEDDED_GRPC_PORT", "KEYRANK_EMBEDDED_METRICS_PORT")
 """The variables that fix the embedded ports, in (http, grpc, metrics) order."""
+GRPC_PING_POLICY = (
+    "--grpc-keepalive-time=10000",
+    "--grpc-keepalive-timeout=5000",
+    "--grpc-keepalive-permit-without-calls=1",
+    "--grpc-http2-max-pings-without-data=0",
+    "--grpc-http2-min-recv-ping-interval-without-data=1000",
+    "--grpc-http2-max-ping-strikes=0",
+)
+"""Triton's side of the keepalive: it pings idle clients every 10 s, and takes the gateway's pings (every
+KEYRANK_TRITON_KEEPALIVE_S, calls or none) without counting them as abuse. The chart and compose pass the same."""
 
 
 # tritonserver starts each stub as `bash -c "exec <backend dir>/python/triton_python_backend_stub ..."`

@@ -28,6 +28,7 @@ from keyrank.config import Settings, get_settings
 from keyrank.errors import ModelAssetsMissing
 from keyrank.modelserver.admin import TritonAdmin
 from keyrank.modelserver.arguments import (
+    GRPC_PING_POLICY,
     PORT_SETTINGS,
     EmbeddedTritonError,
     PytritonWheel,
@@ -210,6 +211,9 @@ class EmbeddedTriton:
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_HEADER}={self.admin_key}",
             "--log-verbose=0",
+            # The gateway pings every few seconds (KEYRANK_TRITON_KEEPALIVE_S), calls or none: Triton's default policy
+            # (a ping per 5 min without data, 2 strikes) would answer that with GOAWAY.
+            *GRPC_PING_POLICY,
             # A stop should not wait 30 s (the default) for in-flight requests of a dying gateway.
             "--exit-timeout-secs=5",
         ]
