@@ -223,6 +223,18 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2_and_help_still_answers(t
     assert top.returncode == 0 and "{prepare,serve," in top.stdout and top.stderr == "", top.stderr
 
 
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "no such file"), ('{"mill": 2.1', "not a JSON file"), ("[1, 2]", "a JSON {term: idf} object expected"),
+])
+def test_an_unreadable_idf_table_stops_serve_in_one_line_before_triton_starts(tmp_path, content, said):
+    table = tmp_path / "idf.json"
+    if content is not None:
+        table.write_text(content)
+    done = _keyrank(["serve"], tmp_path, KEYRANK_BM25_IDF_TABLE=str(table))
+    assert done.returncode == 2 and done.stderr.startswith(f"keyrank serve: KEYRANK_BM25_IDF_TABLE={table}: {said}"), done.stderr
+    assert done.stderr.count("\n") == 1 and "Triton" not in done.stderr
+
+
 def test_a_bad_serve_option_is_one_line_naming_it(tmp_path):
     done = _keyrank(["serve", "--models", "base=models", "--default-model", "ft"], tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr and "KEYRANK_DEFAULT_MODEL" in done.stderr, done.stderr

@@ -85,7 +85,9 @@ def _serve(args: argparse.Namespace) -> int:
     from keyrank.modelserver.launcher import serve
 
     overrides = {k: v for k, v in vars(args).items() if k in _SERVE_OPTIONS}
-    return serve(get_settings().with_overrides(**overrides))
+    settings = get_settings().with_overrides(**overrides)
+    settings.check_files()  # before Triton starts, not as a traceback once the gateway loads them
+    return serve(settings)
 
 
 def _serve_parser(commands: argparse._SubParsersAction, settings: Settings) -> None:

@@ -171,6 +171,26 @@ class Settings(BaseSettings):
             raise ValueError(f"bm25_idf_table is set but bm25_idf={self.bm25_idf} does not read it: unset one or set bm25_idf=table")
         return self
 
+    def check_files(self) -> None:
+        """Raise BadSetting, naming the variable, for a file setting the service would fail to read at start
+        (after its Triton is up): the IDF table must be a JSON object (`keyrank idf` writes one)."""
+        table = self.bm25_idf_table
+        if table is None or self.bm25_idf != "table":
+            return
+        where = f"{variable('bm25_idf_table')}={table}"
+        if not Path(table).is_file():
+            raise BadSetting(f"{where}: no such file (a JSON {{term: idf}}, e.g. from `keyrank idf --docs corpus.jsonl --out idf.json`)")
+        try:
+            import gzip
+
+            opener = gzip.open if Path(table).suffix == ".gz" else open  # as select/bm25.py reads it
+            with opener(table, "rt", encoding="utf-8") as f:
+                parsed = json.load(f)
+        except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:
+            raise BadSetting(f"{where}: not a JSON file ({exc})") from None
+        if not isinstance(parsed, dict):
+            raise BadSetting(f"{where}: a JSON {{term: idf}} object expected, found a {type(parsed).__name__}")
+
     def with_overrides(self, **overrides: object) -> Settings:
         """A copy with some fields replaced, validated like the environment would be."""
         if not overrides:
