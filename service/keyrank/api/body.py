@@ -6,27 +6,47 @@ what it cannot take (invalid UTF-8, nesting past the recursion limit, integers o
 4300 digits). Each of those reached a handler as "There was an error parsing the body" or
 as a 500 when an echoed document could not be written back. Here every one is a 400
 ``invalid_json`` with line and column, or, for a lone surrogate, a 422 naming the field.
+
+What a body costs is bounded before it is parsed (``read_json``): a body under the size limit
+can hold millions of values (``[1,1,...]``: 8 M in 16 MB), and parsing them took seconds and
+hundreds of MB, validating them (one error each) tens of seconds and gigabytes. A body whose
+bytes hold more separators and brackets than a request may have values (``BodyBounds``,
+api/limits.py) is measured by ``scan``, a vectorised pass over its bytes that never builds a
+value, and refused naming the field that holds them; the rest is parsed off the event loop
+when it is large (``THREAD_BYTES``), and checked for counts (documents, unknown fields) before
+validation builds a single error (api/limits.py's ``check_parsed``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from keyrank.errors import ClientClosed, InvalidRequest
+from keyrank.api.limits import BodyBounds, check_parsed, check_shape
+from keyrank.errors import ClientClosed, InvalidRequest, LimitExceeded
+from keyrank.strategies import STRATEGIES
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays and objects a body may have: a rerank body needs 3; Python's parser,
 pydantic and the echo of a document recurse, and each would fail past its own limit."""
 MAX_INT_DIGITS = 4300
 """Python's limit on int() of a string (sys.int_info.default_max_str_digits)."""
+THREAD_BYTES = 64 * 1024
+"""A body at least this large is measured and parsed on a worker thread, not on the event loop: parsing 64 KB
+costs about a millisecond, 16 MB of values up to ~0.1 s once ``scan`` bounded them."""
+SCAN_CHUNK = 256 * 1024
+"""Bytes ``scan`` reads at a time: its arrays stay a few MB whatever the body's size."""
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?')  # an unterminated one runs to the end: linear, never retried
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins escaped pairs, so any left is lone
@@ -178,6 +198,137 @@ def _refuse_lone_surrogates(value: Any, path: str) -> None:
             _refuse_lone_surrogates(item, f"{path}.{key}" if path else key)
 
 
+_KINDS = bytes(dict(zip(b"[{]},:\"", (1, 1, 2, 2, 3, 4, 5))).get(byte, 0) for byte in range(256))
+"""``bytes.translate`` table of the bytes ``scan`` reads: 1 opens a container, 2 closes one, 3 is a comma, 4 a
+colon, 5 a quote; every other byte becomes 0."""
+
+
+@dataclass
+class BodyShape:
+    """What ``scan`` measured of a body's bytes, without parsing it."""
+
+    values: int
+    """Commas and opening brackets outside strings: at least the values the body holds, minus one."""
+    is_object: bool
+    """The body starts with ``{``."""
+    members: int
+    """Members of the top-level object (0 when empty or not an object)."""
+    keys: list[str | None]
+    """The first members' keys, in order (None for one that is not a JSON string)."""
+    member_values: list[int]
+    """Values nested in each of the first members' value (``values`` counted inside it)."""
+    member_items: list[int]
+    """Items (or members) of each of the first members' value when it is a container (an empty one counts 1)."""
+    too_deep_at: int | None = None
+    """Offset of the bracket that opens level MAX_DEPTH + 1, if one does."""
+
+
+def scan(body: bytes, first: int) -> BodyShape:
+    """Measure ``body`` without building any value: its values, its top-level members and, for the first
+    ``first`` members, their keys and how much each holds. Linear in the body, in chunks of ``SCAN_CHUNK``
+    (a 16 MB body of a million values: ~0.2 s, a few MB of arrays, numpy releasing the GIL).
+
+    Escapes are blanked first (``\\\\`` and ``\\"``, left to right, as a JSON parser pairs them; a chunk never
+    ends inside a run of backslashes), so the quotes left open and close strings: the bytes between an odd
+    and the next even quote are inside one. A body that is not JSON is measured all the same (nothing here
+    fails); what it holds past the counts is the parser's to refuse."""
+    in_string = depth = members = values = 0
+    member_values = np.zeros(first, dtype=np.int64)
+    member_commas = np.zeros(first, dtype=np.int64)
+    member_opens = np.zeros(first, dtype=np.int64)
+    starts: list[int] = []  # offsets of the top-level "{" and commas: a key follows each
+    colons: list[int] = []
+    too_deep_at = None
+    start, size = 0, len(body)
+    while start < size:
+        end = min(start + SCAN_CHUNK, size)
+        while end < size and body[end - 1] == 0x5C:  # a run of backslashes stays in one chunk
+            end += 1
+        raw = body[start:end]
+        start_of_chunk, start = start, end
+        if in_string and b'"' not in raw:
+            continue  # inside one string throughout
+        if b"\\" in raw:
+            raw = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+        kinds = np.frombuffer(raw.translate(_KINDS), dtype=np.uint8)
+        at = np.flatnonzero(kinds)
+        k = kinds[at]
+        quotes = k == 5
+        if in_string or quotes.any():  # drop what lies inside strings: after an odd number of quotes
+            inside = np.cumsum(quotes, dtype=np.uint8)  # wraps at 256: its parity is what counts
+            inside &= 1
+            if in_string:
+                inside ^= 1
+            if inside.size:
+                in_string = int(inside[-1])
+            outside = ~(inside.view(bool) | quotes)
+            at, k = at[outside], k[outside]
+        if not at.size:
+            continue
+        opens, commas = k == 1, k == 3
+        step = opens.view(np.int8) - (k == 2).view(np.int8)
+        level = np.cumsum(step, dtype=np.int32)
+        level += depth
+        depth = int(level[-1])
+        if too_deep_at is None and level.max() > MAX_DEPTH:
+            too_deep_at = int(at[np.argmax(level > MAX_DEPTH)]) + start_of_chunk
+        counted = opens | commas
+        values += int(np.count_nonzero(counted))
+        top = level == 1  # the top-level object's own commas and colons (and its "{")
+        separators = commas & top
+        if not separators.any():  # the whole chunk is inside one member (or before the first)
+            if members < first:
+                second = level == 2
+                member_values[members] += np.count_nonzero(counted & (level >= 2))
+                member_commas[members] += np.count_nonzero(commas & second)
+                member_opens[members] += np.count_nonzero(opens & second)
+        elif members >= first:  # past the members tracked: only their number
+            members += int(np.count_nonzero(separators))
+        else:
+            member = np.cumsum(separators, dtype=np.int64)
+            member += members
+            members = int(member[-1])
+            tracked = member < first
+            for totals, which in ((member_values, counted & (level >= 2)), (member_commas, commas & (level == 2)),
+                                  (member_opens, opens & (level == 2))):
+                totals += np.bincount(member[which & tracked], minlength=first)[:first]
+        if len(starts) < first:
+            starts.extend((at[separators | (opens & top)] + start_of_chunk)[: first].tolist())
+        if len(colons) < first:
+            colons.extend((at[(k == 4) & top] + start_of_chunk)[: first].tolist())
+    is_object = body.lstrip()[:1] == b"{"
+    count = members + 1 if is_object and colons else 0
+    keys = [_key(body, a, b) for a, b in zip(starts[:count], colons[:count])][:first]
+    items = [int(c) + 1 if o else 0 for c, o in zip(member_commas, member_opens)]
+    return BodyShape(values, is_object, count, keys, member_values[: len(keys)].tolist(), items[: len(keys)], too_deep_at)
+
+
+def _key(body: bytes, after: int, colon: int) -> str | None:
+    """The member key between a top-level ``{`` or comma and its colon, or None."""
+    try:
+        key = json.loads(body[after + 1 : colon])
+    except ValueError:
+        return None
+    return key if isinstance(key, str) else None
+
+
+def read_json(body: bytes, bounds: BodyBounds | None) -> Any:
+    """``body`` parsed (``parse_json``) once its size in values is known to be within ``bounds``.
+
+    Raises InvalidJson, or InvalidRequest / LimitExceeded / RequestValidationError naming what is too many."""
+    if bounds is None:
+        return parse_json(body)
+    # Each counted value takes a byte of its own (a comma or a bracket): a body shorter than the bound, or
+    # with fewer of those bytes anywhere, holds few enough values. Only the rest is scanned.
+    if len(body) > bounds.max_values and body.count(b",") + body.count(b"[") + body.count(b"{") > bounds.max_values:
+        shape = scan(body, bounds.tracked_members)
+        if shape.values > bounds.max_values and shape.too_deep_at is not None:  # as parse_json would say
+            shown = body[: shape.too_deep_at].decode("utf-8", errors="replace")
+            raise InvalidJson(f"nested deeper than {MAX_DEPTH} arrays or objects", shown, len(shown))
+        check_shape(shape, bounds)
+    return parse_json(body)
+
+
 def _is_json(request: Request) -> bool:
     """As FastAPI decides to parse: application/json or application/*+json."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -194,20 +345,41 @@ class ParsedRequest(Request):
 
 
 class StrictJsonRoute(APIRoute):
-    """The rerank routes' route class: the body is parsed by ``parse_json`` (once), before validation."""
+    """The rerank routes' route class: the body is read by ``read_json`` (once), before validation: parsed
+    on a worker thread when large, refused early when it holds more than a request may."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         validate_and_call = super().get_route_handler()
+        annotation = self.body_field.field_info.annotation if self.body_field is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
         async def handler(request: Request) -> Response:
             request = ParsedRequest(request.scope, request.receive)
+            not_built = 0
             if _is_json(request):
                 try:
                     body = await request.body()
                 except ClientDisconnect:
                     raise ClientClosed("client closed the request while sending it") from None
                 if body:
-                    request.parsed = parse_json(body)
-            return await validate_and_call(request)
+                    settings = request.app.state.settings
+                    bounds = None if model is None else BodyBounds.of(model, settings)
+                    if len(body) >= THREAD_BYTES:
+                        request.parsed = await asyncio.to_thread(read_json, body, bounds)
+                    else:
+                        request.parsed = read_json(body, bounds)
+                    if bounds is not None:
+                        try:
+                            not_built = check_parsed(request.parsed, bounds)
+                        except LimitExceeded:  # counted with the strategy asked for, as api/ranking.py counts its limits
+                            asked = request.parsed.get("strategy") if "strategy" in bounds.fields else None
+                            asked = asked or settings.default_strategy
+                            request.state.strategy = asked if isinstance(asked, str) and asked in STRATEGIES else "-"
+                            raise
+            try:
+                return await validate_and_call(request)
+            except RequestValidationError as exc:
+                exc.errors_not_built = not_built  # type: ignore[attr-defined]  # api/errors.py counts them
+                raise
 
         return handler

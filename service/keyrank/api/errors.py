@@ -165,8 +165,10 @@ async def _validation_failed(request: Request, exc: RequestValidationError) -> J
             messages.append(d["message"])
     deepest = [f for f in by_field if not any(g != f and g.startswith((f + ".", f + "[")) for g in by_field)]
     summary = "; ".join(f"{f}: {', or '.join(by_field[f])}" for f in deepest[:3])
+    # Errors of a body cut before validation (api/limits.py) were never built: counted all the same.
+    omitted = len(errors) - len(details) + getattr(exc, "errors_not_built", 0)
     return error_response(request, 422, "invalid_request", summary, field=deepest[0], details=details,
-                          details_omitted=len(errors) - len(details))
+                          details_omitted=omitted)
 
 
 async def _invalid_json(request: Request, exc: InvalidJson) -> JSONResponse:
