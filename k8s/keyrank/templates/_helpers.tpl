@@ -49,6 +49,77 @@ app.kubernetes.io/part-of: keyrank
 
 {{- define "keyrank.gatewayName" -}}{{ include "keyrank.fullname" . }}-gateway{{- end -}}
 {{- define "keyrank.tritonName" -}}{{ include "keyrank.fullname" . }}-triton{{- end -}}
+{{/* The headless Service of Triton's gRPC port: DNS answers with every ready pod's address. */}}
+{{- define "keyrank.tritonGrpcName" -}}{{ include "keyrank.fullname" . }}-triton-grpc{{- end -}}
+
+{{/* The gateway's Triton target (KEYRANK_TRITON_URL): triton.url for a Triton of your own, else the
+headless Service (round_robin: the gateway balances every request over every pod) or, for a mesh that
+balances gRPC itself (pick_first), the ClusterIP Service. */}}
+{{- define "keyrank.tritonURL" -}}
+{{- $tr := .Values.triton -}}
+{{- if not $tr.enabled -}}
+{{- if not $tr.url -}}
+{{- fail "triton.enabled=false needs triton.url: the gRPC target of the Triton the gateway should use (e.g. dns:///triton-grpc.ml.svc.cluster.local:8001)" -}}
+{{- end -}}
+{{- $tr.url -}}
+{{- else -}}
+{{- if $tr.url -}}
+{{- fail (printf "triton.url (%s) is for a Triton the chart does not deploy: set triton.enabled=false as well, or leave triton.url empty" $tr.url) -}}
+{{- end -}}
+{{- $service := ternary (include "keyrank.tritonGrpcName" .) (include "keyrank.tritonName" .) (eq .Values.gateway.tritonBalancing "round_robin") -}}
+{{- printf "dns:///%s.%s.svc.%s:%v" $service .Release.Namespace .Values.clusterDomain $tr.service.grpcPort -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Triton's image: the NGC GPU image, or the CPU image with triton.gpu.enabled=false. */}}
+{{- define "keyrank.tritonImage" -}}
+{{- $tr := .Values.triton -}}
+{{- if $tr.gpu.enabled -}}
+{{ $tr.image.repository }}:{{ $tr.image.tag }}
+{{- else -}}
+{{ $tr.cpu.image.repository }}:{{ $tr.cpu.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+{{- end -}}
+
+{{- define "keyrank.tritonPullPolicy" -}}
+{{- ternary .Values.triton.image.pullPolicy .Values.triton.cpu.image.pullPolicy .Values.triton.gpu.enabled -}}
+{{- end -}}
+
+{{/* The Triton repository `keyrank prepare` wrote for this kind of Triton: triton/ (onnxruntime
+backend, KIND_GPU) or triton-embedded/ (Python backend on CPU). */}}
+{{- define "keyrank.tritonRepository" -}}
+{{- ternary "triton" "triton-embedded" .Values.triton.gpu.enabled -}}
+{{- end -}}
+
+{{/* A duration of the form 15s, 1m, 2h in seconds. */}}
+{{- define "keyrank.seconds" -}}
+{{- $m := regexFind "^[0-9]+[smh]$" (toString .) -}}
+{{- if not $m -}}{{- fail (printf "%q: a duration like 15s, 1m or 2h" (toString .)) -}}{{- end -}}
+{{- $n := trimSuffix "s" (trimSuffix "m" (trimSuffix "h" $m)) | int -}}
+{{- if hasSuffix "h" $m }}{{ mul $n 3600 }}{{ else if hasSuffix "m" $m }}{{ mul $n 60 }}{{ else }}{{ $n }}{{ end -}}
+{{- end -}}
+
+{{/* The rate window of the autoscaling and alert queries: autoscaling.window, at least 4 scrape
+intervals (rate() needs samples to spare), or exactly 4 when unset. */}}
+{{- define "keyrank.window" -}}
+{{- $scrape := include "keyrank.seconds" .Values.serviceMonitor.interval | int -}}
+{{- if .Values.autoscaling.window -}}
+{{- $window := include "keyrank.seconds" .Values.autoscaling.window | int -}}
+{{- if lt $window (mul 4 $scrape) -}}
+{{- fail (printf "autoscaling.window %s is under 4 scrape intervals (serviceMonitor.interval %s): rate() would see too few samples" .Values.autoscaling.window .Values.serviceMonitor.interval) -}}
+{{- end -}}
+{{- .Values.autoscaling.window -}}
+{{- else -}}
+{{- printf "%ds" (mul 4 $scrape) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* PromQL label matchers of one component's pods in this release (Deployment pods are named
+<deployment>-<template hash>-<suffix>). Call with (dict "root" $ "component" "triton"). */}}
+{{- define "keyrank.podMatchers" -}}
+{{- $name := ternary (include "keyrank.tritonName" .root) (include "keyrank.gatewayName" .root) (eq .component "triton") -}}
+namespace="{{ .root.Release.Namespace }}", pod=~"{{ $name }}-[a-z0-9]+-[a-z0-9]+"
+{{- end -}}
 {{- define "keyrank.modelsClaim" -}}
 {{- default (printf "%s-models" (include "keyrank.fullname" .)) .Values.models.pvc.existingClaim -}}
 {{- end -}}
@@ -89,16 +160,44 @@ names, and a default among them; [] for the one model of models.model. */}}
 {{- if $served -}}{{ .Values.models.default | default (index $served 0).name }}{{- end -}}
 {{- end -}}
 
-{{/* The export step, as init containers ("init") or the Job's containers ("pvc"): one per served model,
-each into /models/<name>, or the one model into /models. */}}
-{{- define "keyrank.prepareContainer" -}}
+{{/* One model's export key: "<name>-<hash>", the hash of what makes the export (the model, the
+TensorRT option, the prepare image: a new keyrank version exports anew). In "pvc" mode it is the
+export's folder, exports/<key> of the claim, so a new model version never overwrites the one that
+pods of the running release serve. Call with (dict "root" $ "name" "..." "model" "..."). */}}
+{{- define "keyrank.exportKey" -}}
+{{- $inputs := dict "model" .model "tensorrtFp16" .root.Values.models.tensorrtFp16 "image" (include "keyrank.prepareImage" .root) -}}
+{{- printf "%s-%s" .name (toJson $inputs | sha256sum | trunc 16) -}}
+{{- end -}}
+
+{{/* Every export of the release as JSON [{name, model, key, mount}]: mount is where pods see it,
+/models (the one model of models.model, named "model") or /models/<name> (models.served). */}}
+{{- define "keyrank.exports" -}}
 {{- $served := include "keyrank.servedModels" . | fromJsonArray -}}
+{{- $out := list -}}
 {{- if $served -}}
-{{- range $i, $m := $served }}
-{{ include "keyrank.prepareOne" (dict "root" $ "container" (printf "prepare-model-%d" $i) "model" $m.model "out" (printf "/models/%s" $m.name)) }}
+{{- range $served -}}
+{{- $out = append $out (dict "name" .name "model" .model "mount" (printf "/models/%s" .name) "key" (include "keyrank.exportKey" (dict "root" $ "name" .name "model" .model))) -}}
 {{- end -}}
 {{- else -}}
-{{ include "keyrank.prepareOne" (dict "root" . "container" "prepare-models" "model" .Values.models.model "out" "/models") }}
+{{- $out = list (dict "name" "model" "model" .Values.models.model "mount" "/models" "key" (include "keyrank.exportKey" (dict "root" . "name" "model" "model" .Values.models.model))) -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
+{{/* A short hash of every export key of the release (names the export Job, keys the engine cache). */}}
+{{- define "keyrank.exportsHash" -}}
+{{- $keys := list -}}
+{{- range (include "keyrank.exports" . | fromJsonArray) }}{{ $keys = append $keys .key }}{{ end -}}
+{{- join "," $keys | sha256sum | trunc 10 -}}
+{{- end -}}
+
+{{/* The export step, as init containers ("init": into the pod's /models) or the Job's containers
+("pvc": into exports/<key> of the claim): one per served model, or one for models.model. */}}
+{{- define "keyrank.prepareContainer" -}}
+{{- $pvc := eq .Values.models.provisioning "pvc" -}}
+{{- $several := not (empty (include "keyrank.servedModels" . | fromJsonArray)) -}}
+{{- range $i, $e := include "keyrank.exports" . | fromJsonArray }}
+{{ include "keyrank.prepareOne" (dict "root" $ "container" (ternary (printf "prepare-model-%d" $i) "prepare-models" $several) "model" $e.model "out" (ternary (printf "/models/exports/%s" $e.key) $e.mount $pvc)) }}
 {{- end -}}
 {{- end -}}
 
@@ -129,9 +228,11 @@ each into /models/<name>, or the one model into /models. */}}
 {{- end -}}
 {{- end -}}
 
-{{/* Triton's repository with models.served: each model's prepared triton/cross_encoder under its name
-(config.pbtxt renamed, the version folder linked), written into the "repository" emptyDir. */}}
+{{/* Triton's repository with models.served: each model's prepared triton/cross_encoder (triton-embedded/
+on CPU) under its name (config.pbtxt renamed, its TensorRT engine cache folder made its own, the version
+folder linked), written into the "repository" emptyDir. */}}
 {{- define "keyrank.servedRepository" -}}
+{{- $repo := include "keyrank.tritonRepository" .root -}}
 - name: model-repository
   image: {{ .image }}
   imagePullPolicy: {{ .pullPolicy }}
@@ -142,14 +243,14 @@ each into /models/<name>, or the one model into /models. */}}
       set -eu
       {{- range (include "keyrank.servedModels" .root | fromJsonArray) }}
       mkdir -p /repository/{{ .name }}
-      sed 's/^name: .*/name: "{{ .name }}"/' /models/{{ .name }}/triton/cross_encoder/config.pbtxt > /repository/{{ .name }}/config.pbtxt
-      ln -sfn /models/{{ .name }}/triton/cross_encoder/1 /repository/{{ .name }}/1
+      sed -e 's/^name: .*/name: "{{ .name }}"/' -e 's#"/tmp/keyrank_trt_cache"#"/tmp/keyrank_trt_cache/{{ .name }}"#' /models/{{ .name }}/{{ $repo }}/cross_encoder/config.pbtxt > /repository/{{ .name }}/config.pbtxt
+      ln -sfn /models/{{ .name }}/{{ $repo }}/cross_encoder/1 /repository/{{ .name }}/1
       # Its interaction graphs (keyrank finetune --install-into), named for it as the gateway asks for them.
-      for graph in /models/{{ .name }}/triton/*-features; do
+      for graph in /models/{{ .name }}/{{ $repo }}/*-features; do
         [ -f "$graph/config.pbtxt" ] || continue
         served="{{ .name }}:${graph##*/}"
         mkdir -p "/repository/$served"
-        sed "s/^name: .*/name: \"$served\"/" "$graph/config.pbtxt" > "/repository/$served/config.pbtxt"
+        sed -e "s/^name: .*/name: \"$served\"/" -e "s#\"/tmp/keyrank_trt_cache\"#\"/tmp/keyrank_trt_cache/$served\"#" "$graph/config.pbtxt" > "/repository/$served/config.pbtxt"
         ln -sfn "$graph/1" "/repository/$served/1"
       done
       {{- end }}
@@ -159,25 +260,30 @@ each into /models/<name>, or the one model into /models. */}}
     requests: {cpu: 10m, memory: 16Mi}
     limits: {memory: 64Mi}
   volumeMounts:
-    - name: models
-      mountPath: /models
-      readOnly: true
+    {{- include "keyrank.modelsMounts" .root | trim | nindent 4 }}
     - name: repository
       mountPath: /repository
 {{- end -}}
 
-{{/* "pvc" mode: pods wait until the export Job has written the gateway manifest
-(written last), using their own image's shell. Call with (dict "root" $ "image" "..." "pullPolicy" "..."). */}}
+{{/* "pvc" mode: pods wait until the export of this release's model version is complete (its gateway
+manifest is written last), using their own image's shell. An older export never satisfies it: each
+version has its own folder. Call with (dict "root" $ "image" "..." "pullPolicy" "..."). */}}
 {{- define "keyrank.waitForModels" -}}
 - name: wait-for-models
   image: {{ .image }}
   imagePullPolicy: {{ .pullPolicy }}
-  {{- $served := include "keyrank.servedModels" .root | fromJsonArray }}
-  {{- $dirs := list "/models" }}
-  {{- if $served }}{{ $dirs = list }}{{ range $served }}{{ $dirs = append $dirs (printf "/models/%s" .name) }}{{ end }}{{ end }}
   {{- $ready := list }}
-  {{- range $dirs }}{{ $ready = append $ready (printf "[ -f %s/gateway/manifest.json ] && [ -d %s/triton ]" . .) }}{{ end }}
-  command: ["sh", "-c", {{ printf "until %s; do echo waiting for the model export; sleep 5; done" (join " && " $ready) | quote }}]
+  {{- $keys := list }}
+  {{- range (include "keyrank.exports" .root | fromJsonArray) }}
+  {{- $keys = append $keys .key }}
+  {{- $ready = append $ready (printf "[ -f /claim/exports/%s/gateway/manifest.json ]" .key) }}
+  {{- end }}
+  {{- if .root.Values.triton.enabled }}
+  {{- range (include "keyrank.exports" .root | fromJsonArray) }}
+  {{- $ready = append $ready (printf "[ -d /claim/exports/%s/%s ]" .key (include "keyrank.tritonRepository" $.root)) }}
+  {{- end }}
+  {{- end }}
+  command: ["sh", "-c", {{ printf "until %s; do echo waiting for the model export %s; sleep 5; done" (join " && " $ready) (join " " $keys) | quote }}]
   securityContext:
     {{- toYaml .root.Values.containerSecurityContext | nindent 4 }}
   resources:
@@ -185,8 +291,25 @@ each into /models/<name>, or the one model into /models. */}}
     limits: {memory: 64Mi}
   volumeMounts:
     - name: models
-      mountPath: /models
+      mountPath: /claim
       readOnly: true
+{{- end -}}
+
+{{/* Where a container sees the models: /models (an emptyDir in "init" mode; in "pvc" mode the
+claim's exports/<key> of this release's model version), or /models/<name> for each served model. */}}
+{{- define "keyrank.modelsMounts" -}}
+{{- if eq .Values.models.provisioning "pvc" -}}
+{{- range (include "keyrank.exports" . | fromJsonArray) }}
+- name: models
+  mountPath: {{ .mount }}
+  subPath: exports/{{ .key }}
+  readOnly: true
+{{- end }}
+{{- else -}}
+- name: models
+  mountPath: /models
+  readOnly: true
+{{- end -}}
 {{- end -}}
 
 {{/* The models volume of a pod. */}}
