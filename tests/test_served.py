@@ -100,3 +100,72 @@ def test_a_real_embedded_triton_is_reported_from_its_repository(prepared_models,
     assert config is not None and from_triton_config(config, settings) == embedded_cpu(settings)
     card, _ = _discovery(prepared_models, triton_server_id=embedded_triton.server_id)
     assert Served(card["runtime"], card["precision"], card["device"]) == embedded_cpu(settings)
+
+
+# --- keyrank_model_info -----------------------------------------------------------------------------------------
+
+
+def _model_info(text: str) -> dict[str, dict[str, str]]:
+    """/metrics' ``keyrank_model_info`` samples: {model: {runtime, precision, device}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "keyrank_model_info":
+                assert sample.value == 1.0
+                labels = dict(sample.labels)
+                found[labels.pop("model")] = labels
+    return found
+
+
+def _metrics(app) -> tuple[dict, dict[str, dict[str, str]]]:
+    """GET /v1/models' cards by id and /metrics' keyrank_model_info of ``app`` once started (no route asked
+    before /metrics: startup set it)."""
+    with TestClient(app) as client:
+        metrics = client.get("/metrics")
+        assert metrics.status_code == 200, metrics.text
+        info = _model_info(metrics.text)
+        cards = {card["id"]: card for card in client.get("/v1/models").json()["data"]}
+    return cards, info
+
+
+def test_model_info_metric_reports_the_embedded_models_runtime_per_served_model(bf16_models, prepared_models):
+    """Two models side by side (the default's OpenVINO bf16 variant and a fused ONNX Runtime one): one
+    ``keyrank_model_info`` sample each, set at startup, equal to what /v1/models says."""
+    s = Settings(models=f"ov={bf16_models},ort={prepared_models}", triton_url=DEAD_TRITON,
+                 triton_connect_timeout_s=0.5, triton_server_id="keyrank-test")
+    cards, info = _metrics(create_app(s))
+    assert info == {
+        "ov": {"runtime": "openvino", "precision": _here("bf16"), "device": "cpu"},
+        "ort": {"runtime": "onnxruntime", "precision": "float32", "device": "cpu"},
+    }
+    assert info == {name: {k: card[k] for k in ("runtime", "precision", "device")} for name, card in cards.items()}
+
+
+def test_model_info_metric_reports_an_in_process_scorer(bf16_models):
+    from keyrank import Reranker
+
+    reranker = Reranker.local(bf16_models)
+    try:
+        _, info = _metrics(create_app(reranker.settings, reranker=reranker))
+        expected = in_process(reranker.scorer, reranker.settings)
+    finally:
+        reranker.close()
+    assert list(info.values()) == [expected.as_dict()]
+    assert expected.runtime == "openvino" and expected.precision == _here("bf16")
+
+
+def test_model_info_metric_says_unknown_for_an_external_triton_that_does_not_answer(bf16_models):
+    s = Settings(model_dir=bf16_models, triton_url=DEAD_TRITON, triton_connect_timeout_s=0.5, model_name="m")
+    _, info = _metrics(create_app(s))
+    assert info == {"m": {"runtime": "unknown", "precision": "unknown", "device": "unknown"}}
+
+
+@pytest.mark.triton
+def test_model_info_metric_of_a_gateway_on_a_real_embedded_triton(prepared_models, embedded_triton):
+    """A gateway on the running embedded Triton (as `keyrank serve` starts it) exports what scores its model."""
+    s = Settings(model_dir=prepared_models, triton_url=embedded_triton.grpc_url, triton_server_id=embedded_triton.server_id)
+    cards, info = _metrics(create_app(s))
+    assert list(info.values()) == [embedded_cpu(s).as_dict()]
+    assert list(info) == list(cards)

@@ -3,7 +3,7 @@ knows it), not in a wrapper; this module only declares them."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, Info
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -53,3 +53,9 @@ QUEUED_SEQUENCES = Gauge(
 DRAIN_RATE = Gauge(
     "keyrank_drain_sequences_per_second", "Sequences per second the gateway drains while busy (moving average)."
 )
+MODEL_INFO = Info(
+    "keyrank_model",
+    "What scores each served model (api/served.py, as GET /v1/models reports it): runtime (openvino, onnxruntime, torch, tensorrt), precision (bfloat16, float16, float32, int8) and device (cpu, cuda); unknown where a model server does not say.",
+    ["model"],
+)
+"""Exposed as ``keyrank_model_info{model, runtime, precision, device} 1``."""

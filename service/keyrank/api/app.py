@@ -18,6 +18,7 @@ from keyrank.api.middleware import ApiKeyGate, BodyLimit, CloseUnreadBody, Reque
 from keyrank.api.playground import install as install_playground
 from keyrank.api.probes import router as probes
 from keyrank.api.routes import cohere, infinity, jina, native, openai, served_names, tei
+from keyrank.api.served import served_models
 from keyrank.blank import warm_up
 from keyrank.config import Settings, get_settings
 from keyrank.reranker import Reranker
@@ -40,6 +41,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         warm_up()  # the blank-document pattern over all of Unicode: built here, not by the first request
         if app.state.reranker is not None:
+            await served_models(app)  # keyrank_model_info: what scores each model
             yield
             return
         if served:
@@ -48,6 +50,7 @@ def create_app(
             built = {"": Reranker(settings)}
         app.state.rerankers = built if served else None
         app.state.reranker = next(iter(built.values()))
+        await served_models(app)  # keyrank_model_info (an external Triton is asked within its connect timeout)
         try:
             yield
         finally:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from keyrank.api.errors import NATIVE_ERRORS, error_response
+from keyrank.api.served import UNKNOWN, served_models
 from keyrank.config import Settings
 
 log = logging.getLogger("keyrank.api")
@@ -47,5 +48,7 @@ async def readyz(request: Request) -> Response:
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format."}},
 )
-async def prometheus_metrics() -> Response:
+async def prometheus_metrics(request: Request) -> Response:
+    if UNKNOWN in getattr(request.app.state, "served", {}).values():
+        await served_models(request.app)  # a model server that did not answer at startup: asked again
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -1,5 +1,6 @@
 """What computes a served model's scores: the runtime and the precision it runs in, as GET /v1/models and
-GET /tei/info report them (per model; TEI's ``model_dtype`` is the default model's precision).
+GET /tei/info and the ``keyrank_model_info`` metric report them (per model; TEI's ``model_dtype`` is the
+default model's precision).
 
 Found where it is decided, never assumed:
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from keyrank.api.routes import served_names
 from keyrank.config import Settings
+from keyrank.metrics import MODEL_INFO
 
 PRECISIONS = {"bf16": "bfloat16", "f32": "float32", "fp32": "float32", "f16": "float16", "fp16": "float16"}
 """OpenVINO's and ONNX's short names -> the names TEI's ``model_dtype`` and PyTorch use."""
@@ -58,11 +60,18 @@ def _cpu_variant(settings: Settings) -> str | None:
         return None
 
 
+def _prepared_model(settings: Settings) -> str:
+    """The cross-encoder's folder in the model's prepared repository: ``triton_model``, except where KEYRANK_MODELS
+    serves several (its ``triton_model`` is then the served name, and each folder's own is the one `keyrank
+    prepare` writes, ``cross_encoder``, the setting's default: modelserver/repository.py's ``served_models``)."""
+    return Settings.model_fields["triton_model"].default if settings.models else settings.triton_model
+
+
 def embedded_cpu(settings: Settings) -> Served:
     """The CPU model of the embedded repository, as its ``model.py`` opens it on this machine."""
     from keyrank.scoring import openvino
 
-    version = settings.embedded_repository("cpu") / settings.triton_model / "1"
+    version = settings.embedded_repository("cpu") / _prepared_model(settings) / "1"
     asked = openvino.read_runtime(version)
     int8 = _cpu_variant(settings) in INT8_VARIANTS
     if asked.get("runtime") == "openvino" and openvino.available():
@@ -76,7 +85,7 @@ def embedded_cuda(settings: Settings) -> Served:
     """The GPU variant of the embedded repository (``embedded_cuda_runtime``)."""
     if settings.embedded_cuda_runtime == "onnxruntime":
         return Served("onnxruntime", "float16", "cuda")
-    version = settings.embedded_repository("cuda", "torch") / settings.triton_model / "1"
+    version = settings.embedded_repository("cuda", "torch") / _prepared_model(settings) / "1"
     try:
         weights = json.loads((version / "encoder.json").read_text()).get("weights_dtype", "bfloat16")
     except (OSError, ValueError):
@@ -155,6 +164,14 @@ async def served(reranker: Any) -> Served:
 
 
 async def served_models(app: Any) -> dict[str, Served]:
-    """Every served model's name (as answers report it, the default first) -> what scores it."""
+    """Every served model's name (as answers report it, the default first) -> what scores it; the
+    ``keyrank_model_info`` metric is set to the same (at startup, and again whenever a route asks or, while a
+    model server has not answered, /metrics is scraped: it is reported once it does)."""
     rerankers = app.state.rerankers or {name: app.state.reranker for name in served_names(app)}
-    return {name: await served(reranker) for name, reranker in rerankers.items()}
+    found = {name: await served(reranker) for name, reranker in rerankers.items()}
+    if found:
+        app.state.served = found
+        MODEL_INFO.clear()
+        for name, what in found.items():
+            MODEL_INFO.labels(model=name).info(what.as_dict())
+    return found
