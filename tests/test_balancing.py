@@ -8,6 +8,7 @@ Service); each server's own statistics say how many calls it served. The same ov
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -102,6 +103,8 @@ def test_a_replica_that_stops_answering_is_dropped_within_the_keepalive_timeout(
         assert _rank(reranker, 6) == []  # connected to both
         os.kill(a.pid, signal.SIGSTOP)  # its kernel still takes TCP, nothing answers: a black hole
         stopped = time.monotonic()
+        # readiness stays true while another replica serves, before keepalive drops the silent one too
+        assert all(asyncio.run_coroutine_threadsafe(reranker.ready(), reranker._loop.loop).result() for _ in range(4))
         first = _served([b])[0]
         answered = []  # (seconds after the stop, seconds the call took)
         while time.monotonic() - stopped < 6.0:
@@ -115,7 +118,7 @@ def test_a_replica_that_stops_answering_is_dropped_within_the_keepalive_timeout(
         assert slowest < 1.0 + 1.0 + 1.0  # keepalive + its timeout, and a retry
         assert max(late) < 0.5  # past keepalive + timeout no call goes to it
         assert _served([b])[0] - first >= len(answered)  # every call was answered by the replica that answers
-        assert __import__("asyncio").run(reranker.ready())  # readiness stays true while another serves
+        assert asyncio.run_coroutine_threadsafe(reranker.ready(), reranker._loop.loop).result()
     finally:
         os.kill(a.pid, signal.SIGCONT)
         reranker.close()

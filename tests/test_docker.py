@@ -522,6 +522,137 @@ def test_chart_defaults_match_what_the_images_expose(images):
     assert pods["triton"]["securityContext"]["runAsUser"] == int(cpu["User"].split(":")[0])
 
 
+# --- several Triton replicas behind one name ------------------------------------------------------
+
+
+def replicas(stack: Stack) -> list[str]:
+    """The running Triton containers of the stack, oldest first."""
+    ids = run("docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}",
+              "--filter", "label=com.docker.compose.service=triton").stdout.split()
+    return sorted(ids, key=lambda c: inspect(c, "container")["Created"])
+
+
+def served_by(container: str) -> int:
+    """Inferences of the cross-encoder this replica answered, from its own Triton metrics (read inside it)."""
+    script = ("import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8002/metrics', timeout=5)"
+              ".read().decode())")
+    text = run("docker", "exec", container, "python3", "-c", script, timeout=30).stdout
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("nv_inference_request_success{") and 'model="cross_encoder"' in line)
+
+
+class Load:
+    """Small rankings (one Triton call each) from 4 clients until stopped: every answer (time, status, Retry-After)."""
+
+    def __init__(self, stack: Stack):
+        import httpx
+
+        self.answers: list[tuple[float, int, str | None]] = []
+        self._stop = threading.Event()
+        body = {"query": QUERY, "documents": DOCS[:1], "strategy": "firstp"}
+
+        def client() -> None:
+            with httpx.Client(timeout=60) as http:
+                while not self._stop.is_set():
+                    try:
+                        response = http.post(f"{stack.url}/rerank", json=body)
+                        self.answers.append((time.monotonic(), response.status_code, response.headers.get("retry-after")))
+                    except httpx.HTTPError as exc:
+                        self.answers.append((time.monotonic(), 0, repr(exc)))
+
+        self._threads = [threading.Thread(target=client, daemon=True) for _ in range(4)]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(90)
+
+
+def shares(counts: dict[str, int]) -> dict[str, float]:
+    total = sum(counts.values()) or 1
+    return {c[:12]: round(n / total, 3) for c, n in counts.items()}
+
+
+def test_every_triton_replica_carries_traffic_and_a_lost_one_costs_no_request(stack):
+    """`--scale triton=3` behind one name (Docker's DNS answers with every replica, as a headless Service does):
+    replicas added under load are found within the connection age; calls spread evenly; a killed replica costs
+    no request; a paused one (a black hole: its kernel still takes TCP) is dropped within the keepalive timeout,
+    with readiness true throughout. Counts from each replica's own Triton metrics."""
+    age_s = 30  # docker-compose.yml's default --grpc-max-connection-age
+    load = Load(stack)
+    figures: dict[str, object] = {}
+    try:
+        # 1 -> 3 under load
+        time.sleep(3)
+        stack("up", "-d", "--no-build", "--no-recreate", "--scale", "triton=3", "triton", timeout=300)
+        scaled = time.monotonic()
+        wait_for("3 triton replicas healthy", lambda: len(replicas(stack)) == 3 and all(
+            inspect(c, "container")["State"].get("Health", {}).get("Status") == "healthy" for c in replicas(stack)),
+            timeout=240)
+        healthy = time.monotonic() - scaled
+        new = replicas(stack)[1:]
+
+        def new_ones_carry() -> dict[str, float] | None:
+            before = {c: served_by(c) for c in replicas(stack)}
+            time.sleep(3)
+            window = shares({c: served_by(c) - before[c] for c in before})
+            return window if all(window[c[:12]] >= 0.2 for c in new) else None
+
+        window = wait_for("the added replicas carry >= 20% each", new_ones_carry, timeout=age_s + 10 + 15, interval=0)
+        figures["scale_up"] = {"healthy_s": round(healthy, 1), "carrying_s": round(time.monotonic() - scaled, 1),
+                               "after_healthy_s": round(time.monotonic() - scaled - healthy, 1), "window_shares": window}
+
+        # balance over 300+ requests
+        before = {c: served_by(c) for c in replicas(stack)}
+        wait_for("300 requests", lambda: sum(served_by(c) - before[c] for c in before) >= 300, timeout=180, interval=2)
+        balance = shares({c: served_by(c) - before[c] for c in before})
+        figures["balance"] = balance
+        assert all(abs(share - 1 / 3) <= 0.10 for share in balance.values()), balance
+
+        # kill one: nothing lost, the survivors take the load within 5 s
+        victim, *survivors = replicas(stack)
+        sent_before_kill = len(load.answers)
+        run("docker", "kill", victim)
+        killed = time.monotonic()
+        time.sleep(5)
+        before = {c: served_by(c) for c in survivors}
+        time.sleep(5)
+        taken = {c[:12]: served_by(c) - before[c] for c in survivors}
+        after_kill = load.answers[sent_before_kill:]
+        bad = [a for a in after_kill if a[1] != 200]
+        figures["kill"] = {"answers": len(after_kill), "not_200": len(bad), "survivors_5_to_10_s": taken}
+        assert all(status == 503 and retry for _, status, retry in bad), bad[:5]
+        assert len(bad) <= 0.01 * len(after_kill), bad[:5]
+        assert all(n > 0 for n in taken.values()), taken
+
+        # pause one: dropped within the keepalive timeout (5 s + 5 s), readiness stays true
+        paused, other = survivors
+        run("docker", "pause", paused)
+        try:
+            stopped = time.monotonic()
+            ready = []
+            while time.monotonic() - stopped < 15:
+                ready.append(get(f"{stack.url}/readyz").status_code)
+                time.sleep(0.5)
+            sent = [a for a in load.answers if a[0] > stopped + 12]
+            assert len(sent) >= 5 and all(status == 200 for _, status, _ in sent), sent[:5]
+            assert set(ready) == {200}, ready
+            slow_until = max((t for t, *_ in load.answers if t > stopped), default=stopped) - stopped
+            figures["pause"] = {"readyz": sorted(set(ready)), "answers_after_12_s": len(sent), "answered_until_s": round(slow_until, 1)}
+        finally:
+            run("docker", "unpause", paused, check=False)
+    finally:
+        load.stop()
+        report["replicas"] = figures
+        write_report()
+        print(f"\nthree Triton replicas: {json.dumps(figures)}")
+    statuses = [status for _, status, _ in load.answers]
+    assert statuses.count(0) == 0 and len(statuses) > 600
+    stack("up", "-d", "--no-build", "--scale", "triton=1", "triton", timeout=300, check=False)
+
+
 def test_compose_down_removes_every_container_network_and_volume(stack):
     result = stack.down()
     assert result.returncode == 0, result.stderr

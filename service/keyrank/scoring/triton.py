@@ -100,6 +100,9 @@ def _channel_args(connect_timeout_s: float, balancing: str = "round_robin", keep
     ]
 
 
+READY_TRIES = 3
+"""Tries of a readiness check within its timeout (``TritonScorer.ready``)."""
+
 _RECONNECT_GRACE_S = 0.3
 """How long a refused request waits for a reconnect before failing: a little over the longest
 backoff, so the first request after Triton comes back succeeds and a dead Triton fails in 0.3 s."""
@@ -366,19 +369,29 @@ class TritonScorer:
         return logits, (result.as_numpy("pooled") if want_pooled else None)
 
     async def ready(self, timeout: float | None = None) -> bool:
-        """Server live, model ready and the server the one expected (``server_id``), answered within
-        ``timeout`` seconds (False otherwise)."""
+        """Model ready (so the server is live) and the server the one expected (``server_id``), answered within
+        ``timeout`` seconds (False otherwise).
+
+        Asked up to ``READY_TRIES`` times within ``timeout``, each try in its share of it: with round_robin each
+        goes to the next replica, so one replica that stops answering (until keepalive drops it) does not turn
+        readiness false while the others serve."""
         timeout = self.probe_timeout_s if timeout is None else timeout
         client, _ = self._connection()
-        try:
-            async with asyncio.timeout(timeout):
-                return bool(
-                    await client.is_server_live(client_timeout=timeout)
-                    and await client.is_model_ready(self.model, client_timeout=timeout)
-                    and await serves_as(client, self.server_id, timeout)
-                )
-        except (InferenceServerException, grpc.RpcError, OSError, TimeoutError):
-            return False
+        until = time.monotonic() + timeout
+        for tries_left in range(READY_TRIES, 0, -1):
+            share = (until - time.monotonic()) / tries_left
+            if share <= 0:
+                return False
+            try:
+                async with asyncio.timeout(share):
+                    # one call a try where no server id is expected (the replicas' case): a second call of the
+                    # same try would go to the next replica, the silent one among them
+                    if (await client.is_model_ready(self.model, client_timeout=share)
+                            and await serves_as(client, self.server_id, share)):
+                        return True
+            except (InferenceServerException, grpc.RpcError, OSError, TimeoutError):
+                pass
+        return False
 
     async def model_metadata(self) -> dict:
         """Triton's metadata of the model (inputs, outputs, versions) as JSON."""
