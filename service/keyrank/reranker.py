@@ -15,6 +15,7 @@ The HTTP layer (api/) is a thin shell over ``arank``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -27,7 +28,7 @@ import numpy as np
 
 from keyrank import metrics
 from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
-from keyrank.blank import is_readable_query
+from keyrank.blank import BLANK_DOCUMENT_SCORE, is_blank, is_readable_query
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
 from keyrank.pipeline import Pipeline, Plan, RerankOptions, Resolved, StageTimer
@@ -108,10 +109,29 @@ class Reranker:
         layer does for admission, passes the ``Resolved``). The CPU work is ``Pipeline.cut`` /
         ``Pipeline.finish`` (the one plan ``keyrank finetune`` and ``keyrank bench`` call too) and the fold,
         each on a worker thread; this coroutine only awaits the scorer: once for the cross selector's blocks
-        (keyb2/cross), once for the plan's sequences."""
+        (keyb2/cross), once for the plan's sequences.
+
+        Blank documents (nothing to read, keyrank/blank.py) are neither tokenized nor scored: they rank after
+        every other, in request order, with ``BLANK_DOCUMENT_SCORE`` and no evidence, as on every route."""
         _check(query, documents)
+        resolved = self.pipeline.resolve(options or RerankOptions())  # refused before any work
+        blank_flags = [is_blank(d) for d in documents]
+        if not any(blank_flags):
+            return await self._rank_readable(query, documents, resolved)
+        readable = [i for i, flag in enumerate(blank_flags) if not flag]
+        if readable:
+            ranking = await self._rank_readable(query, [documents[i] for i in readable], resolved.with_top_n(None))
+            ranking = dataclasses.replace(ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results])
+        else:
+            ranking = Ranking(self.model_name, resolved.strategy, resolved.selector_name, [], Usage(0, 0, 0, 0, 0),
+                              {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
+        results = list(ranking.results) + [
+            RankedDocument(i, BLANK_DOCUMENT_SCORE, [], False) for i, flag in enumerate(blank_flags) if flag]
+        return dataclasses.replace(ranking, results=results[: resolved.top_n] if resolved.top_n else results)
+
+    async def _rank_readable(self, query: str, documents: Sequence[str], resolved: Resolved) -> Ranking:
+        """``arank`` of documents that all have something to read."""
         p = self.pipeline
-        resolved = p.resolve(options or RerankOptions())  # refused before any work
         deadline = time.monotonic() + resolved.timeout_s
         timer = StageTimer()
 
@@ -316,8 +336,8 @@ class Reranker:
 def _check(query: str, documents: Sequence[str]) -> None:
     """The Python API's input contract (the HTTP wire types hold the same before a request gets here)."""
     if not isinstance(query, str) or not is_readable_query(query):
-        raise InvalidRequest("query must be a string with a readable character (not only whitespace, control, zero-width "
-                             "or combining characters)", field="query")
+        raise InvalidRequest("query must be a string with a readable character (not only whitespace, control, format, "
+                             "zero-width, tag, private-use or combining characters)", field="query")
     if len(documents) == 0:
         raise InvalidRequest("documents must hold at least one document", field="documents")
     if any(not isinstance(d, str) for d in documents):

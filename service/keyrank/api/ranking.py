@@ -11,8 +11,8 @@ In request order:
    disconnects the task is cancelled, which stops the pipeline at its next stage boundary and
    cancels its in-flight Triton calls (the scorer cancels them in its ``finally``); the request is
    counted as ``client_closed``, never as an outage;
-4. blank documents (nothing to read: empty, whitespace, zero-width, control or format characters,
-   combining marks alone; keyrank/blank.py) are not worth a score: they never reach the pipeline and rank last
+4. blank documents (nothing to read: empty, whitespace, zero-width, control, format, tag or private-use
+   characters, combining marks alone; keyrank/blank.py) are not worth a score: they never reach the pipeline and rank last
    (``BLANK_DOCUMENT_SCORE``);
 5. one ``keyrank_requests_total`` count per request, whatever the outcome, labelled with the model
    (api/errors.py for the failures).
@@ -35,7 +35,7 @@ from keyrank.admission import AdmissionQueue, estimate_sequences
 from keyrank.api.errors import record
 from keyrank.api.limits import check_limits
 from keyrank.api.routes import model_ids
-from keyrank.blank import is_blank
+from keyrank.blank import BLANK_DOCUMENT_SCORE, is_blank
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
 from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("keyrank.api")
 T = TypeVar("T")
 
-BLANK_DOCUMENT_SCORE = -10_000.0
-"""relevance_score of a blank document: below any cross-encoder logit or sum of them, so it ranks
-after every document with text (0.0 after the vendor routes' sigmoid)."""
 
 async def rank(request: Request, query: str, texts: Sequence[str], options: RerankOptions, model: str | None = None) -> Ranking:
     """Rank for one HTTP request with the model it names (``choose_model``); raises what api/errors.py turns

@@ -38,16 +38,17 @@ class VendorRequest(Wire):
 
 
 NON_BLANK = READABLE
-"""JSON Schema pattern of a query: at least one character that prints by itself (keyrank/blank.py), checked
-with a readable message by ``non_blank``, which applies this very pattern (a schemathesis query that matched
-the pattern once got a 422 from a different test)."""
+"""JSON Schema pattern of a query: at least one readable character of the Basic Multilingual Plane (keyrank/blank.py),
+checked with a readable message by ``non_blank``, which applies this very pattern (a schemathesis query that matched
+the pattern once got a 422 from a different test), and then the whole rule, for what lies beyond U+FFFF."""
 
 
 def non_blank(query: str) -> str:
-    """The query, unless it has nothing to read (whitespace, controls, zero-width or combining marks alone): the
-    same test as the schema's pattern."""
+    """The query, unless it has nothing to read (whitespace, controls, format, zero-width, tag, private-use or combining
+    characters alone): the schema's pattern, then keyrank/blank.py's whole rule for what the pattern cannot name."""
     if not is_readable_query(query):
-        raise ValueError("query must contain a non-whitespace, readable character (not only control, zero-width or combining characters)")
+        raise ValueError("query must contain a non-whitespace, readable character (not only control, format, zero-width, "
+                         "tag, private-use or combining characters)")
     return query
 
 
