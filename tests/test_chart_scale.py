@@ -280,6 +280,9 @@ def test_a_cpu_triton_serves_the_cpu_image_and_the_embedded_repository(helm):  #
         assert "runtimeClassName" not in spec
         # The Python backend's stub processes are reaped by the pause process (no init in the image).
         assert spec["shareProcessNamespace"] is True
+        # Its model's threads sized from the pod's CPU request, not the node's cores.
+        cores = next(e for e in main["env"] if e["name"] == "KEYRANK_USABLE_CORES")
+        assert cores["valueFrom"]["resourceFieldRef"] == {"containerName": "triton", "resource": "requests.cpu", "divisor": "1"}
         wait = [c for c in spec["initContainers"] if c["name"] == "wait-for-models"]
         for c in wait:
             assert "/triton-embedded ]" in c["command"][2] and "/triton ]" not in c["command"][2]
