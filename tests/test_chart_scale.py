@@ -227,6 +227,57 @@ def test_the_pinned_triton_release_knows_every_flag_the_chart_gives_it(default, 
         assert given <= known, given - known
 
 
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def test_the_pinned_triton_release_starts_with_the_charts_arguments_and_drains_on_sigterm(gpu, tmp_path):
+    """Not only the names: the values parse, the server comes up live with them (an empty repository, on loopback
+    ports of this machine) and SIGTERM starts the drain the chart's --exit-timeout-secs bounds."""
+    import time
+    import urllib.request
+
+    if not PYTRITON_SERVER.exists():
+        pytest.skip(f"no tritonserver at {PYTRITON_SERVER} (the nvidia-pytriton wheel)")
+    (tmp_path / "repository").mkdir()
+    http, grpc, metrics = _free_ports(3)
+    local = {"--model-repository": tmp_path / "repository", "--http-port": http, "--grpc-port": grpc, "--metrics-port": metrics,
+             "--allow-gpu-metrics": "false"}
+    args = [f"{a.split('=', 1)[0]}={local[a.split('=', 1)[0]]}" if a.split("=", 1)[0] in local else a
+            for a in container(one(gpu, "Deployment", "-triton"), "triton")["args"]]
+    args += ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+    log = tmp_path / "tritonserver.log"
+    with log.open("w") as out:
+        server = subprocess.Popen([str(PYTRITON_SERVER), *args], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        live = False
+        for _ in range(120):
+            if server.poll() is not None:
+                break
+            try:
+                live = urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/live", timeout=1).status == 200
+            except OSError:
+                time.sleep(0.25)
+            if live:
+                break
+        assert live, log.read_text()[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    text = log.read_text()
+    assert "Started GRPCInferenceService" in text and "Waiting for in-flight requests to complete" in text
+    exit_timeout = flags(container(one(gpu, "Deployment", "-triton"), "triton")["args"])["--exit-timeout-secs"]
+    assert f"Timeout {exit_timeout}:" in text
+
+
 def test_triton_leaves_the_endpoints_then_drains_before_the_kubelet_kills_it(default, helm):  # noqa: F811
     triton = one(default, "Deployment", "-triton")
     main = container(triton, "triton")
