@@ -239,6 +239,7 @@ def _free_ports(count: int) -> list[int]:
     return ports
 
 
+@pytest.mark.triton
 def test_the_pinned_triton_release_starts_with_the_charts_arguments_and_drains_on_sigterm(gpu, tmp_path):
     """Not only the names: the values parse, the server comes up live with them (an empty repository, on loopback
     ports of this machine) and SIGTERM starts the drain the chart's --exit-timeout-secs bounds."""
