@@ -108,6 +108,65 @@ def test_far_relevant_same_topic_filler_is_built_from_the_querys_own_hits(tokeni
         assert sum(text in c.text for text in own) > 10
 
 
+def _tiny_dl20(folder: Path) -> Path:
+    """A judged set in DL20's layout with two topics: 101 has four judged non-relevant hits and an unjudged one,
+    202 only two, so with two distractors its same-topic filler has nothing left to draw from."""
+    hits = {
+        101: [("where is the capital of france", None)],
+        202: [("at what temperature does water boil", None)],
+    }
+    passages = {
+        101: [("r101", 2, "Paris is the capital of France and its largest city."),
+              ("n101a", 0, "Lyon is known for its food and its old town."),
+              ("n101b", 0, "Marseille is a port on the Mediterranean coast."),
+              ("n101c", 0, "The Loire valley holds many castles built by kings."),
+              ("n101d", 0, "Bordeaux exports wine to many countries."),
+              ("u101", None, "The Tour de France is a bicycle race held each summer.")],
+        202: [("r202", 3, "Water boils at 100 degrees Celsius at sea level."),
+              ("n202a", 0, "Ice floats because it is less dense than liquid water."),
+              ("n202b", 0, "A kettle switches itself off with a bimetallic strip.")],
+    }
+    root = folder / "trec-dl20-passage"
+    root.mkdir(parents=True)
+    (root / "qrels.dl20-passage.txt").write_text("".join(
+        f"{qid} 0 {docid} {grade}\n" for qid, ps in passages.items() for docid, grade, _ in ps if grade is not None))
+    (root / "bm25_dl20.json").write_text(json.dumps([
+        {"query": hits[qid][0][0], "hits": [{"content": text, "qid": qid, "docid": docid, "rank": rank + 1, "score": 10.0 - rank}
+                                           for rank, (docid, _, text) in enumerate(ps)]}
+        for qid, ps in passages.items()]))
+    return folder
+
+
+def test_far_relevant_same_topic_skips_and_names_a_topic_whose_non_relevant_hits_are_all_distractors(tokenizer, tmp_path):
+    """A judged set where a topic's every non-relevant hit is a distractor: that topic is left out (the
+    long documents and their ceiling alike) and said why; the others are built as before."""
+    data = _tiny_dl20(tmp_path)
+    skipped: dict[str, str] = {}
+    far = farrelevant.build(data, tokenizer, offsets=(0, 512), distractors=2, filler="same-topic", skipped=skipped)
+    assert skipped == {"202": farrelevant.NO_FILLER["same-topic"]}
+    assert {q.meta["topic"] for q in far} == {"101"} and len(far) == 2
+    assert all(len(q.candidates) == 3 for q in far)
+    bare_skipped: dict[str, str] = {}
+    bare = farrelevant.build_bare(data, tokenizer, distractors=2, filler="same-topic", skipped=bare_skipped)
+    assert bare_skipped == skipped and {q.meta["topic"] for q in bare} == {"101"}
+    # Other topics' filler: 202 draws from 101's judged passages, so nothing is left out.
+    assert {q.meta["topic"] for q in farrelevant.build(data, tokenizer, offsets=(0,), distractors=2)} == {"101", "202"}
+
+    # Through the task: listed per task (and per construction), in the report, and a set with nothing buildable
+    # is one error that says why.
+    left: dict[str, dict[str, str]] = {"farrel": {}, "farrel-bare": {}}
+    built = {task: tasks.build(task, data, tokenizer, offsets=(0, 512), distractors=2, filler="same-topic",
+                               dl20_topics="all", skipped=left[task], constructions=2)
+             for task in left}
+    assert left == {task: {"202#0": farrelevant.NO_FILLER["same-topic"], "202#1": farrelevant.NO_FILLER["same-topic"]}
+                    for task in left}
+    assert {q.meta["topic"] for qs in built.values() for q in qs} == {"101"}
+    text = report.markdown(report.summarize("farrel", built["farrel"], {}, skipped=left["farrel"]))
+    assert f"Left out (2): 202#0, 202#1: {farrelevant.NO_FILLER['same-topic']}." in text
+    with pytest.raises(ValueError, match="no far-relevant topic could be built"):
+        tasks.build("farrel", data, tokenizer, offsets=(0,), distractors=5, filler="same-topic", dl20_topics="all")
+
+
 def test_far_relevant_offsets_differ_only_in_where_the_passages_sit(far):
     by_topic = defaultdict(list)
     for q in far:
@@ -432,3 +491,21 @@ def test_keyrank_eval_runs_every_task_through_the_real_reranker(prepared_models,
     err = capsys.readouterr().err
     assert "qmsum: keyb2-bm25 read back" in err and "qmsum: maxp read back" not in err
     assert json.loads((out / "results.json").read_text())["farrel"]["systems"]["maxp"]["metrics"] == far["maxp"]["metrics"]
+
+
+def test_keyrank_eval_same_topic_filler_lists_a_topic_it_cannot_build_instead_of_stopping(prepared_models, tmp_path):
+    """`keyrank eval --task farrel --filler same-topic` on a judged set with a topic whose non-relevant hits are
+    all distractors: the run finishes, and its report and results name the topic left out."""
+    from keyrank.evaluation.cli import main
+
+    out = tmp_path / "run"
+    args = ["--task", "farrel", "--filler", "same-topic", "--dl20-topics", "all", "--offsets", "0,512",
+            "--distractors", "2", "--strategies", "firstp", "--scorer", "local", "--data-dir", str(_tiny_dl20(tmp_path)),
+            "--model-dir", str(prepared_models), "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    why = farrelevant.NO_FILLER["same-topic"]
+    assert results["farrel"]["skipped"] == results["farrel-bare"]["skipped"] == {"202": why}
+    assert results["farrel"]["queries"] == 2 and results["farrel-bare"]["queries"] == 1
+    assert results["farrel"]["systems"]["firstp"]["errors"] == 0
+    assert f"Left out (1): 202: {why}." in (out / "report.md").read_text()

@@ -44,6 +44,11 @@ DISTRACTORS = 9
 """Documents with a non-relevant insert per ranking: one relevant among ten."""
 FILLERS = ("other-topics", "same-topic")
 """Where filler text comes from (module doc)."""
+NO_FILLER = {
+    "same-topic": "no non-relevant passages to build same-topic filler from: every non-relevant hit of the topic is (or holds) one of its distractors",
+    "other-topics": "no non-relevant passages to build other-topics filler from: no other topic's judged non-relevant passage is left (none, or all among this topic's hits)",
+}
+"""Why a topic is skipped (``build``'s ``skipped``): its filler pool is empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +200,12 @@ def usable_topics(data_dir: Path) -> list[str]:
 
 def build(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, offsets: tuple[int, ...] = OFFSETS,
           distractors: int = DISTRACTORS, tail_tokens: int = TAIL_TOKENS, filler: str = "other-topics",
-          topics: set[str] | None = None) -> list[EvalQuery]:
+          topics: set[str] | None = None, skipped: dict[str, str] | None = None) -> list[EvalQuery]:
     """One query per (DL20 topic, offset); topics without a relevant BM25 hit are skipped.
 
-    ``topics`` restricts the build to those query ids (sub-sampling)."""
+    ``topics`` restricts the build to those query ids (sub-sampling). A topic without a non-relevant
+    passage left for its filler (``same-topic``: every non-relevant hit is a distractor, as on a small
+    judged set) is skipped too, and ``skipped`` (when given) gets its id and why (``NO_FILLER``)."""
     if filler not in FILLERS:
         raise ValueError(f"filler must be one of {FILLERS}, got {filler!r}")
     all_topics = load_topics(data_dir)
@@ -213,12 +220,15 @@ def build(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, offsets: t
         # Every document ends up the same length: filler + its insert = the longest insert + the stream.
         doc_tokens = max(offsets) + tail_tokens + max(len(i) for i in inserts)
         lengths = [doc_tokens - len(i) for i in inserts]
-        exclude = {t for _, t in negatives}
+        pool = filler_pool(all_topics, topic, tokenizer, encoded, filler, rel_text, negatives, doc_tokens)
+        if not pool:
+            if skipped is not None:
+                skipped[topic.qid] = NO_FILLER[filler]
+            continue
+        stream = FillerStream(pool)
         if filler == "same-topic":
-            stream = FillerStream(pool_for(topic, tokenizer, doc_tokens, exclude=exclude))
             fillers = [stream.draw(n, rng) for n in lengths]
         else:
-            stream = FillerStream(off_topic_pool(all_topics, topic, tokenizer, encoded, exclude | {rel_text}))
             fillers = stream.draw_disjoint(lengths, rng)
         for offset in offsets:
             qid = f"{topic.qid}@{offset}"
@@ -231,6 +241,16 @@ def build(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, offsets: t
                 "pool_passages": len(stream.passages), "pool_tokens": int(sum(len(p) for p in stream.passages)),
             }, spans))
     return queries
+
+
+def filler_pool(all_topics: list[TopicPool], topic: TopicPool, tokenizer: TextTokenizer, encoded: dict[str, Encoded],
+                filler: str, rel_text: str, negatives: list[tuple[str, str]], needed_tokens: int) -> list[Encoded]:
+    """The passages ``topic``'s filler is drawn from (``filler``), none of its inserts among them; [] when none is
+    left (whatever ``needed_tokens`` >= 1 is: a pool that is empty for one token is empty for any)."""
+    exclude = {t for _, t in negatives}
+    if filler == "same-topic":
+        return pool_for(topic, tokenizer, needed_tokens, exclude=exclude)
+    return off_topic_pool(all_topics, topic, tokenizer, encoded, exclude | {rel_text})
 
 
 def off_topic_pool(all_topics: list[TopicPool], topic: TopicPool, tokenizer: TextTokenizer,
@@ -249,13 +269,23 @@ def off_topic_pool(all_topics: list[TopicPool], topic: TopicPool, tokenizer: Tex
 
 
 def build_bare(data_dir: Path, tokenizer: TextTokenizer, *, seed: int = 0, distractors: int = DISTRACTORS,
-               topics: set[str] | None = None) -> list[EvalQuery]:
-    """The short-document ceiling: the same inserts as ``build``, as bare passages."""
+               topics: set[str] | None = None, filler: str | None = None,
+               skipped: dict[str, str] | None = None) -> list[EvalQuery]:
+    """The short-document ceiling: the same inserts as ``build``, as bare passages.
+
+    With ``filler``, the topics ``build`` skips for want of filler are skipped here too (and put in
+    ``skipped``), so the ceiling and the long documents cover the same topics."""
     queries = []
-    for topic in load_topics(data_dir):
+    all_topics = load_topics(data_dir)
+    encoded: dict[str, Encoded] = {}
+    for topic in all_topics:
         if not topic.relevant or (topics is not None and topic.qid not in topics):
             continue
         (rel_id, rel_text), negatives = draw_inserts(topic, query_rng(seed, topic.qid), distractors)
+        if filler is not None and not filler_pool(all_topics, topic, tokenizer, encoded, filler, rel_text, negatives, 1):
+            if skipped is not None:
+                skipped[topic.qid] = NO_FILLER[filler]
+            continue
         docs = [Candidate("", rel_text, ((0, len(rel_text)),))] + [Candidate("", t) for _, t in negatives]
         spans = [(0, len(d.text)) for d in docs]
         queries.append(_ranking(f"{topic.qid}@bare", topic.query, docs, seed, "bare", {

@@ -146,12 +146,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("keyrank eval --task trec reads your TREC files: give --qrels, --docs and --queries together")
 
     started = time.perf_counter()
+    skipped: dict[str, dict[str, str]] = {t: {} for t in task_names}  # e.g. far-relevant topics without filler
     try:
         queries = {
             t: tasks.build(t, args.data_dir, tokenizer, split=args.split, seed=args.seed, max_queries=args.max_queries,
                            segment_tokens=args.segment_tokens, offsets=offsets, distractors=args.distractors,
                            filler=args.filler, dl20_topics=args.dl20_topics, trec=trec,
-                           constructions=args.constructions)
+                           constructions=args.constructions, skipped=skipped[t])
             for t in task_names
         }
     except ValueError as exc:
@@ -164,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = asyncio.run(_run(args, settings, queries, systems_, Path(out)))
     run_s = time.perf_counter() - started
 
-    reports = {t: report.summarize(t, queries[t], runs[t], seed=args.seed) for t in task_names}
+    reports = {t: report.summarize(t, queries[t], runs[t], seed=args.seed, skipped=skipped[t]) for t in task_names}
     command = "keyrank eval " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (f"# keyrank eval\n\n`{command}`\n\nseed {args.seed}, split {args.split}, "
               f"{platform.node()} ({platform.processor() or platform.machine()}), scored by {scored_by(args, settings)}; "

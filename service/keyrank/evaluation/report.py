@@ -198,11 +198,13 @@ def summarize_system(queries: Sequence[EvalQuery], runs: Sequence[QueryRun],
 
 
 def summarize(task: str, queries: Sequence[EvalQuery], runs: dict[str, list[QueryRun]],
-              measures: Sequence[str] = MEASURES, *, seed: int = 0) -> dict:
-    """One task's report: the construction's size and every system's summary."""
+              measures: Sequence[str] = MEASURES, *, seed: int = 0, skipped: dict[str, str] | None = None) -> dict:
+    """One task's report: the construction's size, what it left out (``skipped``: {id: why}, e.g. a
+    far-relevant topic without filler) and every system's summary."""
     return {
         "task": task,
         "queries": len(queries),
+        "skipped": dict(skipped or {}),
         "candidates_per_query": float(np.mean([len(q.candidates) for q in queries])),
         "buckets": {b: sum(q.bucket == b for q in queries)
                     for b in sorted({q.bucket for q in queries}, key=bucket_order)},
@@ -231,6 +233,7 @@ def markdown(task_report: dict) -> str:
         f"{task_report['queries']} queries, {task_report['candidates_per_query']:.1f} candidates per query; "
         f"buckets: " + ", ".join(f"{b} ({n})" for b, n in task_report["buckets"].items()),
         "",
+        *left_out(task_report.get("skipped", {})),
         "| system | " + " | ".join(head) + " |",
         "|---" * (len(head) + 1) + "|",
     ]
@@ -256,6 +259,14 @@ def markdown(task_report: dict) -> str:
         if noise:
             lines += ["", *noise]
     return "\n".join(lines) + "\n"
+
+
+def left_out(skipped: dict[str, str]) -> list[str]:
+    """The report's lines on what the task left out: one per reason, naming the ids, then a blank line."""
+    reasons: dict[str, list[str]] = {}
+    for qid, why in skipped.items():
+        reasons.setdefault(why, []).append(qid)
+    return [f"Left out ({len(ids)}): {', '.join(ids)}: {why}." for why, ids in reasons.items()] + ([""] if reasons else [])
 
 
 def psi_line(system: str, noise: dict, measure: str) -> str:

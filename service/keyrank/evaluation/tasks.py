@@ -46,14 +46,19 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
           max_queries: int | None = None, segment_tokens: int = qmsum.SEGMENT_TOKENS,
           offsets: tuple[int, ...] = farrelevant.OFFSETS,
           distractors: int = farrelevant.DISTRACTORS, filler: str = "other-topics",
-          dl20_topics: str = "held-back", trec: TrecFiles | None = None, constructions: int = 1) -> list[EvalQuery]:
+          dl20_topics: str = "held-back", trec: TrecFiles | None = None, constructions: int = 1,
+          skipped: dict[str, str] | None = None) -> list[EvalQuery]:
     """The (sub-sampled, bucket-stratified) queries of one task; same seed, same queries.
 
     ``dl20_topics``: ``held-back`` (default: the topics `keyrank finetune` never trains on,
     training/splits.py), ``train`` or ``all``. ``constructions`` (far-relevant only): that many
     draws of inserts and filler per topic, seeds ``seed`` .. ``seed + constructions - 1``, each
     ranking's id suffixed ``#<seed>`` when there is more than one; 27 rankings per offset bucket
-    leave per-offset means and PSI too noisy to tell 0.05 from 0.1 (docs/EVALUATION.md)."""
+    leave per-offset means and PSI too noisy to tell 0.05 from 0.1 (docs/EVALUATION.md).
+
+    ``skipped`` (far-relevant): filled with the topics left out for want of filler and why (their id, suffixed
+    ``#<seed>`` as the rankings are); ``farrel-bare`` leaves out the same ones, and a build that leaves out every
+    topic is an error."""
     if constructions < 1:
         raise ValueError(f"constructions must be >= 1, got {constructions}")
     if task == "qmsum":
@@ -64,14 +69,25 @@ def build(task: str, data_dir: Path, tokenizer: TextTokenizer, *, split: str = "
         topics = set(pool)
         if max_queries is not None:
             topics = subsample_topics(pool, max(1, max_queries // len(offsets)), seed)
-        built = []
+        built, left_out = [], {}
         for s in range(seed, seed + constructions):
+            left = {}
             if task == "farrel":
                 one = farrelevant.build(data_dir, tokenizer, seed=s, offsets=offsets, distractors=distractors,
-                                        filler=filler, topics=topics)
+                                        filler=filler, topics=topics, skipped=left)
             else:
-                one = farrelevant.build_bare(data_dir, tokenizer, seed=s, distractors=distractors, topics=topics)
+                one = farrelevant.build_bare(data_dir, tokenizer, seed=s, distractors=distractors, topics=topics,
+                                             filler=filler, skipped=left)
             built += one if constructions == 1 else [replace(q, qid=f"{q.qid}#{s}") for q in one]
+            left_out.update({(qid if constructions == 1 else f"{qid}#{s}"): why for qid, why in left.items()})
+        if left_out:
+            print(f"{task}: {len(left_out)} topic(s) left out: " + "; ".join(f"{q}: {why}" for q, why in left_out.items()),
+                  file=sys.stderr)
+            if skipped is not None:
+                skipped.update(left_out)
+        if not built and left_out:
+            raise ValueError(f"{task}: no far-relevant topic could be built from {Path(data_dir) / 'trec-dl20-passage'}: "
+                             f"{next(iter(left_out.values()))}")
         return built
     elif task == "squad":
         queries = squad.build(data_dir, seed=seed)
