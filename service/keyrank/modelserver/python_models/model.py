@@ -42,13 +42,9 @@ RUN_TOKENS = 4096
 (8 x 512, 32 x 128), so the stub's peak memory does not grow with what the dynamic batcher merged
 (docs/RELIABILITY.md, "Memory of the model process")."""
 OPENVINO_RUN_TOKENS = 512
-"""Tokens of one OpenVINO run. OpenVINO's CPU plugin cannot be stopped inside a run: an
-``InferRequest.cancel`` leaves the compiled model's shape inference half-updated, and the next runs of
-another shape fail ("Failed to broadcast-merge input shapes", openvino 2026.4.1) until some third shape
-clears it. So a batch on OpenVINO is never cancelled inside a run: it runs in slices of one 512-token
-row (per-row cost is flat at 512 tokens: 46.7 ms for [1, 512], 47.2 ms a row for [8, 512] in bf16 on 2
-cores) and stops between slices once all its requests were cancelled; a small request waits one slice at
-most (docs/RELIABILITY.md, "Preemption")."""
+"""Tokens of one OpenVINO run: a batch runs in slices of one 512-token row (per-row cost is flat at 512 tokens,
+46.7 ms for [1, 512] and 47.2 ms a row for [8, 512] in bf16 on 2 cores; 512-token slices were never slower
+than whole batches at widths 64-512), and stops between slices once all its requests were cancelled."""
 FAILURES_BEFORE_EXIT = 3
 """Failed runs in a row (cancellations aside) after which this model process exits: a runtime that fails
 every run is broken, and Triton would keep the model "ready" while every request gets an error. The
@@ -162,10 +158,10 @@ def _run_in_slices(session, output_names: list, batch: dict, requests: list, run
 
 def _run_unless_cancelled(session, output_names: list, batch: dict, requests: list, device: str | None = None) -> list:
     """``session.run``, terminated early when every request of the batch has been cancelled (ONNX Runtime's
-    RunOptions.terminate, from a watcher thread; OpenVINO runs to the end of its slice, ``OPENVINO_RUN_TOKENS``).
+    RunOptions.terminate or OpenVINO's InferRequest.cancel, then its reset run, from a watcher thread).
     On the GPU (``device`` "cuda") through I/O binding: inputs copied once, outputs copied back once."""
     if isinstance(session, _OpenVino):
-        return session.run(output_names, batch)
+        return session.run(output_names, batch, requests)
     options = ort.RunOptions()
     # the arena given back (the GPU's too)
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0;gpu:0" if device == "cuda" else "cpu:0")
@@ -229,8 +225,18 @@ def _has_openvino() -> bool:
 
 class _OpenVino:
     """OpenVINO's CPU plugin on model.onnx (keyrank/scoring/openvino.py, written out): bf16 where the CPU
-    has it, latency hint, one stream, one infer request (an instance runs one batch at a time). Never
-    cancelled inside a run (``OPENVINO_RUN_TOKENS`` says why)."""
+    has it, latency hint, one stream, one infer request (an instance runs one batch at a time).
+
+    A cancel inside a run leaves the compiled model's shape inference half-updated (openvino 2026.4.1):
+    the next runs of the shape run before the cancelled one failed ("Failed to broadcast-merge input
+    shapes"), on any infer request of the compiled model, until a run of another shape. So every run that
+    was cancelled is followed by one of a single token (``RESET_SHAPE``, a shape no batch has), which
+    infers every node's shape anew: 75 of 75 cancels (5 shapes x 5 shapes x 3 delays) left every
+    later run exact, against 5 broken without it (docs/RELIABILITY.md, "Preemption that cannot break the
+    model"). Should a run fail all the same, ``FAILURES_BEFORE_EXIT`` ends the process and the model is
+    loaded again."""
+
+    RESET_SHAPE = (1, 1)
 
     def __init__(self, path: Path, precision: str, threads: int) -> None:
         import openvino as ov
@@ -244,10 +250,25 @@ class _OpenVino:
         })
         self.request = self.compiled.create_infer_request()
         self.input_names = frozenset(port.get_any_name() for port in self.compiled.inputs)
+        self.resets = 0
+        """Reset runs so far (one after each cancelled run)."""
 
-    def run(self, output_names: list, batch: dict) -> list:
-        self.request.infer(batch)
-        return [self.request.get_tensor(name).data.copy() for name in output_names]
+    def run(self, output_names: list, batch: dict, requests: list) -> list:
+        cancelled = threading.Event()
+
+        def stop() -> None:
+            cancelled.set()
+            self.request.cancel()
+
+        try:
+            with _stopped_when_cancelled(requests, stop):
+                self.request.infer(batch)
+            return [self.request.get_tensor(name).data.copy() for name in output_names]
+        finally:
+            if cancelled.is_set():  # the watcher has stopped: no cancel can come after this reset
+                self.resets += 1
+                self.request.infer({name: np.ones(self.RESET_SHAPE, dtype=np.int64) if name != "token_type_ids"
+                                    else np.zeros(self.RESET_SHAPE, dtype=np.int64) for name in self.input_names})
 
 
 def _threads(config: dict) -> int:
