@@ -78,7 +78,7 @@ bench: prepare  ## CPU preprocessing throughput vs raw tokenizer
 	$(BIN)/keyrank bench --model-dir $(MODEL_DIR)
 
 deploy-check: install-dev tools  ## helm lint/template + schema validation, compose config, Dockerfile checks
-	$(BIN)/python -m pytest tests/test_deploy.py -q
+	$(BIN)/python -m pytest tests/test_deploy.py tests/test_chart_scale.py tests/test_chart_probes.py -q -m "not triton"
 
 loadtest: install-dev  ## locust against a running gateway: make loadtest HOST=http://127.0.0.1:8080
 	$(BIN)/python loadtest/run.py --host $(or $(HOST),http://127.0.0.1:8080) --strategies all --users 8 --run-time 60s --max-failure-ratio 0
