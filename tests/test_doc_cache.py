@@ -139,5 +139,6 @@ def test_documents_seen_before_preprocess_at_least_5x_faster_than_cold(prepared_
 
     result = run(prepared_models, DATASETS, candidates=100, repeats=5, requests=0)
     # Measured 7.5x on 2 cores with the word cache (docs/PERFORMANCE.md section 1, 2026-11-29): 14.9x before it and
-    # 30-40x before the cold path got faster the first time; the cached side did not get slower. 5x leaves room.
+    # 30-40x before the cold path got faster the first time (docs/EXPERIMENTS.md, 2026-11-29); the cached side did
+    # not get slower. 5x leaves room.
     assert result["seen_before"]["keyb2/bm25"]["speedup"] >= 5, result

@@ -1,4 +1,4 @@
-"""Does shrinking ONNX Runtime's arena after every run cost speed at 512 tokens? (docs/PERFORMANCE.md)
+"""Does shrinking ONNX Runtime's arena after every run cost speed at 512 tokens? (docs/EXPERIMENTS.md, 2026-11-25)
 
     python docs/experiments/arena_shrink_check.py     # the prepared models/ folder; 2 threads; medians of 5 interleaved runs
 

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
-# Build .gpu/: what `keyrank bench --gpu` needs on a GPU machine without network access, in at most
-# 64 MiB (what could be copied to the GPU machine per command).
+# Build .gpu/: what `keyrank bench --gpu` needs on a GPU machine without network access, in one folder of at
+# most 64 MiB.
 #   .gpu/models/   gateway assets (no bi-encoder); gpu_run.sh writes triton-embedded-cuda/ (bf16) there
 #   .gpu/shared/   the checkpoint (~46 MB) and the data the benchmark and the CUDA tests read (~7 MB): QMSum val
 #                  (the 100 x 2k-token candidates), one QMSum train meeting, DL20's BM25 run
 #   .gpu/wheels/   the gateway's pure-Python dependencies the device image lacks (~5 MB, Python 3.12)
-# The nvidia-pytriton wheel (55 MB) does not fit beside the weights: without it the bench scores with
+# The nvidia-pytriton wheel (55 MB) would take the folder past 64 MiB: without it the bench scores with
 # the same model code in the gateway process (python -m keyrank.modelserver.gpu_gateway) and says so.
 # Usage (repository root): bash docs/experiments/gpu_carry.sh [models-dir] [checkpoint]; then, there,
 # bash docs/experiments/gpu_run.sh (docs/PERFORMANCE.md, section 5).
 # For the embedded GPU Triton behind `keyrank serve --workers N`: bash docs/experiments/gpu_carry.sh --triton builds
-# .gpu-triton/ (the nvidia-pytriton wheel and its missing dependencies, ~59 MB), copied and installed before .gpu/.
+# .gpu-triton/ (the nvidia-pytriton wheel and its missing dependencies, ~59 MB), installed there before .gpu/.
 #
-# ONNX Runtime's CUDA provider needs more than one copy holds: bash docs/experiments/gpu_carry.sh --ort [models-dir]
-# builds .gpu-ort/, to be copied in pieces of at most 64 MiB each:
-#   .gpu-ort/models/triton-embedded-cuda-ort/  the fp16 graph (~46 MB, python -m keyrank.prepare.ort_cuda), one copy
-#   .gpu-ort/wheel/part-NN                     onnxruntime-gpu for Python 3.12 (210-265 MB) in 60 MiB parts, one copy
+# ONNX Runtime's CUDA provider needs more than one such folder holds: bash docs/experiments/gpu_carry.sh --ort [models-dir]
+# builds .gpu-ort/, in pieces of at most 64 MiB each:
+#   .gpu-ort/models/triton-embedded-cuda-ort/  the fp16 graph (~46 MB, python -m keyrank.prepare.ort_cuda), one piece
+#   .gpu-ort/wheel/part-NN                     onnxruntime-gpu for Python 3.12 (210-265 MB) in 60 MiB parts, one piece
 #                                              each; needed only where the GPU machine's python lacks the CUDA provider
 #                                              (python3 -c "import onnxruntime as o; print(o.get_available_providers())")
 # The wheel must be built for the CUDA major of the libraries there (PyTorch's: python3 -c "import torch;
@@ -46,8 +46,8 @@ if [ "${1:-}" = "--ort" ]; then
   exit 0
 fi
 if [ "${1:-}" = "--triton" ]; then
-  # The nvidia-pytriton wheel (tritonserver and its Python stubs) and what it imports that the GPU image lacks: one copy
-  # of its own (~59 MB), installed there into /tmp/site-triton by a first command while the machine stays up.
+  # The nvidia-pytriton wheel (tritonserver and its Python stubs) and what it imports that the GPU image lacks: a folder
+  # of its own (~59 MB), installed there into /tmp/site-triton before gpu_run.sh runs.
   grep -qx '/.gpu-triton/' "$EXCLUDE" 2>/dev/null || echo '/.gpu-triton/' >> "$EXCLUDE"
   rm -rf .gpu-triton && mkdir -p .gpu-triton
   PINS=$(pins nvidia-pytriton pyzmq sh importlib-metadata)

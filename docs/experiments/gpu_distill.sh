@@ -3,10 +3,9 @@
 # training data (docs/EXPERIMENTS.md, 2026-11-26). Two steps, each in the repository root:
 #
 #   here:   docs/experiments/gpu_distill.sh bundle RUN      # RUN = r6 (student = the teacher's weights) or r7 (student = ce-minilm-l6)
-#   there:  bash .gpu/gpu_distill.sh train RUN     # with .gpu/ copied over; $OUT (copied back): the model in 3 fp16 parts, log, cache
+#   there:  bash .gpu/gpu_distill.sh train RUN     # with .gpu/ beside the checkout; $OUT: the model in 3 fp16 parts, log, cache
 #
-# The GPU machine has no network and took at most 64 MiB of files per command, so the bundle stays under
-# that: the teacher as its bf16 PyTorch variant (keyrank prepare --device cuda) or, where its cached scores
+# The GPU machine has no network access, and the bundle stays under 64 MiB: the teacher as its bf16 PyTorch variant (keyrank prepare --device cuda) or, where its cached scores
 # travel instead, none of its weights; the student's starting weights in fp16 (r6 reads them from the
 # teacher's bf16 file), the datasets' training splits (xz), and wheels of what the GPU image lacks.
 # Weights travel back in fp16 (16 MiB a file).

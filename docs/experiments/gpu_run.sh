@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU figures and the CUDA-only tests in one run, on a GPU machine without network access, from the checkout's
-# root, after gpu_carry.sh's copies (.gpu/, and .gpu-triton/ installed into /tmp/site-triton for the HTTP figures
+# root, with gpu_carry.sh's folders beside the checkout (.gpu/, and .gpu-triton/ installed into /tmp/site-triton for the HTTP figures
 # through `keyrank serve` on the embedded GPU Triton). Every result lands in $OUT as soon as it is measured:
 #   gpu.txt         nvidia-smi -L
 #   bench-gpu.json  keyrank bench --gpu (rewritten after every stage and HTTP row), bench-gpu.txt its output
 #   tests-gpu.txt   tests/test_gpu_variant.py and tests/test_ort_cuda.py, the CUDA-only ones included
 # Usage: OUT=/tmp/out bash docs/experiments/gpu_run.sh [bench|tests|all]   (BENCH_S=400, TESTS_S=170: their time limits
-# in seconds, so `all` ends inside a 10-minute command; about 6 and 2 minutes are expected)
+# in seconds, so `all` ends within 10 minutes; about 6 and 2 minutes are expected)
 # Rehearsed on a CPU with PY=.venv/bin/python NO_INSTALL=1: the bench then measures its CPU part and the tests skip
 # the CUDA-only ones.
 set -uo pipefail

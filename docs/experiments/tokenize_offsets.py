@@ -1,5 +1,5 @@
 """The tokenize stage on its plain-ASCII path (no normalizer, offsets computed from the ids) against the tokenizer's
-own normalizer and offsets (docs/PERFORMANCE.md, section 2), in one run.
+own normalizer and offsets (docs/EXPERIMENTS.md, 2026-11-29), in one run.
 
     .venv/bin/python docs/experiments/tokenize_offsets.py [--rounds 7]
 
