@@ -49,7 +49,7 @@ class TailCut(DocumentCut):
         return [Passage(i, np.array([max(0, len(d) - budget)]), np.array([len(d)]), np.zeros(1, np.int64))
                 for i, d in enumerate(docs)]
 
-    def sequences(self, tokens, window, plan):
+    def sequences(self, tokens, window, settings, max_windows, selector):
         return float(len(tokens))
 
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from keyrank.aggregate import fused_with_selector
 from keyrank.config import Settings
 from keyrank.segment import Spans
+from keyrank.select import REGISTRY as SELECTORS
 from keyrank.strategies.keyb2 import SelectionRules, choose_blocks, keyb2_passages, reading_passes
 from keyrank.tokenize import TextTokenizer
 from pydantic import ValidationError
@@ -66,12 +67,12 @@ def test_a_later_pass_reads_only_blocks_left_above_the_score_share():
     pieces = [_spans([10, 10, 10, 10, 10])]
     scores = [np.array([1.0, 8.0, 3.9, 4.0, 6.0])]
     one = Settings(keyb2_budget_tokens=10, keyb2_min_score_share=0.5)
-    passages = keyb2_passages(docs, pieces, scores, 480, one.with_overrides(keyb2_passes=3), selector="bm25")
+    passages = keyb2_passages(docs, pieces, scores, 480, one.with_overrides(keyb2_passes=3), selector=SELECTORS["bm25"])
     assert [p.pieces.tolist() for p in passages] == [[1], [4], [3]]  # 3.9 < 0.5 x 8 is never read
     two = keyb2_passages(docs, pieces, [np.array([0.0, 8.0, 0.0, 0.0, 0.0])], 480,
-                         one.with_overrides(keyb2_passes=3), selector="bm25")
+                         one.with_overrides(keyb2_passes=3), selector=SELECTORS["bm25"])
     assert [p.pieces.tolist() for p in two] == [[1]]  # one on-topic block: one pass, whatever is allowed
-    plain = keyb2_passages(docs, pieces, scores, 480, one, selector="bm25")
+    plain = keyb2_passages(docs, pieces, scores, 480, one, selector=SELECTORS["bm25"])
     assert [p.pieces.tolist() for p in plain] == [[1]]
 
 

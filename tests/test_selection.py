@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from keyrank.config import Settings
 from keyrank.segment import Spans
+from keyrank.select import REGISTRY as SELECTORS
 from keyrank.select.duplicates import ChosenSets
 from keyrank.segment import blocks, token_break_costs
 from keyrank.select.hybrid import competition_ranks, hybrid_scores, reciprocal_rank_fusion
@@ -82,9 +83,9 @@ def test_keyb2_passages_apply_the_settings_budget_rule_and_rules_to_every_docume
     pieces = [blocks(d, token_break_costs(TOKENIZER)) for d in docs]
     scores = [np.linspace(0.0, 1.0, len(sp)) for sp in pieces]  # the last blocks score best
     fits = BERT.document_budget(10)
-    plain = keyb2_passages(docs, pieces, scores, fits, Settings(), selector="bm25")
+    plain = keyb2_passages(docs, pieces, scores, fits, Settings(), selector=SELECTORS["bm25"])
     assert [p.n_tokens for p in plain] == [480, 480] and all(0 not in p.pieces for p in plain)
-    filled = keyb2_passages(docs, pieces, scores, fits, Settings(keyb2_budget="fill", keyb2_keep_lead=True), selector="bm25")
+    filled = keyb2_passages(docs, pieces, scores, fits, Settings(keyb2_budget="fill", keyb2_keep_lead=True), selector=SELECTORS["bm25"])
     assert [p.n_tokens for p in filled] == [499, 499] and all(p.pieces[0] == 0 for p in filled)
     assert [p.doc for p in filled] == [0, 1]
 
@@ -95,8 +96,8 @@ def test_score_order_reads_the_same_blocks_best_first():
     scores = [np.array([0.1, 0.9, 0.5, 0.9, 0.0])]
     docs = TOKENIZER.encode_documents(["x " * 50])
     fill = {"keyb2_budget_tokens": 40, "keyb2_min_score_share": None}
-    by_text = keyb2_passages(docs, pieces, scores, 40, Settings(**fill), selector="bm25")
-    by_score = keyb2_passages(docs, pieces, scores, 40, Settings(**fill, keyb2_block_order="score"), selector="bm25")
+    by_text = keyb2_passages(docs, pieces, scores, 40, Settings(**fill), selector=SELECTORS["bm25"])
+    by_score = keyb2_passages(docs, pieces, scores, 40, Settings(**fill, keyb2_block_order="score"), selector=SELECTORS["bm25"])
     assert by_text[0].pieces.tolist() == [0, 1, 2, 3]
     assert by_score[0].pieces.tolist() == [1, 3, 2, 0]  # ties: the earlier block first
     assert by_score[0].starts.tolist() == [10, 30, 20, 0] and by_score[0].n_tokens == by_text[0].n_tokens
@@ -108,12 +109,12 @@ def test_min_score_share_reads_only_blocks_near_the_best_one_and_only_for_bm25()
     scores = [np.array([1.0, 8.0, 3.9, 4.0, 0.0]), np.zeros(3)]  # doc 1: no query term anywhere
     docs = TOKENIZER.encode_documents(["x " * 50, "y " * 30])
     shared = Settings(keyb2_min_score_share=0.5)
-    passages = keyb2_passages(docs, pieces, scores, 480, shared, selector="bm25")
+    passages = keyb2_passages(docs, pieces, scores, 480, shared, selector=SELECTORS["bm25"])
     assert passages[0].pieces.tolist() == [1, 3] and passages[0].n_tokens == 20  # 3.9 < 0.5 x 8.0
     assert passages[1].pieces.tolist() == [0, 1, 2]  # nothing to compare with: the budget is filled as before
-    assert keyb2_passages(docs, pieces, scores, 480, shared, selector="cross")[0].pieces.tolist() == [0, 1, 2, 3, 4]
-    assert keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0), selector="bm25")[0].pieces.tolist() == [0, 1, 2, 3, 4]
-    with_lead = keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0.5, keyb2_keep_lead=True), selector="bm25")
+    assert keyb2_passages(docs, pieces, scores, 480, shared, selector=SELECTORS["cross"])[0].pieces.tolist() == [0, 1, 2, 3, 4]
+    assert keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0), selector=SELECTORS["bm25"])[0].pieces.tolist() == [0, 1, 2, 3, 4]
+    with_lead = keyb2_passages(docs, pieces, scores, 480, Settings(keyb2_min_score_share=0.5, keyb2_keep_lead=True), selector=SELECTORS["bm25"])
     assert with_lead[0].pieces.tolist() == [0, 1, 3]
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from keyrank.config import Settings
 from keyrank.segment import Spans
+from keyrank.select import REGISTRY as SELECTORS
 from keyrank.select.shared import shared_blocks
 from keyrank.strategies.keyb2 import keyb2_passages
 from keyrank.tokenize import Encoded
@@ -64,12 +65,12 @@ def test_keyb2_reads_a_candidates_own_block_instead_of_the_text_every_candidate_
     encoded = [Encoded(ids=d, offsets=np.zeros((len(d), 2), dtype=np.int32), text="") for d in docs]
     plain = Settings(keyb2_budget_tokens=20, keyb2_min_score_share=None)
     skip = plain.with_overrides(keyb2_shared_share=0.5)
-    for d, (before, after) in enumerate(zip(keyb2_passages(encoded, blocks, scores, 20, plain, selector="bm25"),
-                                            keyb2_passages(encoded, blocks, scores, 20, skip, selector="bm25"))):
+    for d, (before, after) in enumerate(zip(keyb2_passages(encoded, blocks, scores, 20, plain, selector=SELECTORS["bm25"]),
+                                            keyb2_passages(encoded, blocks, scores, 20, skip, selector=SELECTORS["bm25"]))):
         assert scores[d][before.pieces].max() == 10.0  # without the rule: the planted passage in each
         assert scores[d][after.pieces].max() == 1.0, d  # with it: a block of the candidate's own
     # a candidate made only of shared text is read as without the rule
     only = [_doc(0, 0)] * 3
     kept = keyb2_passages([Encoded(ids=d, offsets=np.zeros((40, 2), dtype=np.int32), text="") for d in only],
-                          [_blocks(40, 20)] * 3, [np.array([2.0, 1.0])] * 3, 20, skip, selector="bm25")
+                          [_blocks(40, 20)] * 3, [np.array([2.0, 1.0])] * 3, 20, skip, selector=SELECTORS["bm25"])
     assert all(len(p.pieces) for p in kept)

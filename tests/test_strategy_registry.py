@@ -71,7 +71,18 @@ def _marker_counts(reranker) -> list[int]:
 
 
 def test_every_registered_strategy_is_pinned_here():
-    assert set(STRATEGIES) == set(PINNED) | {"keyb2"}
+    assert set(REGISTRY) == set(PINNED) | {"keyb2"}
+
+
+def test_the_names_the_settings_type_are_the_registries_rows_in_order():
+    # names.py is the leaf the settings read their Strategy and Selector types from, so that config.py needs
+    # no registry; a row added to a registry without its name (or the other way round) fails here.
+    from keyrank import names, select, strategies
+
+    assert names.STRATEGIES == tuple(REGISTRY) == tuple(strategies.REGISTRY) and STRATEGIES is names.STRATEGIES
+    assert names.SELECTORS == tuple(select.REGISTRY)
+    assert all(spec.name == name for name, spec in REGISTRY.items())
+    assert all(spec.name == name for name, spec in select.REGISTRY.items())
 
 
 def test_firstp_reads_only_the_first_budget_tokens(counting):

@@ -67,7 +67,8 @@ def estimate_sequences(resolved: Resolved, query: str, documents: Sequence[str])
     if resolved.max_tokens_per_doc is not None:
         tokens = np.minimum(tokens, resolved.max_tokens_per_doc)
     query_tokens = min(math.ceil(len(query) / CHARS_PER_TOKEN), resolved.settings.query_max_tokens)
-    return resolved.spec.cut.sequences(tokens, resolved.budget(query_tokens), resolved)
+    return resolved.spec.cut.sequences(tokens, resolved.budget(query_tokens), resolved.settings, resolved.max_windows,
+                                       resolved.selector)
 
 
 @dataclass(slots=True)

@@ -16,12 +16,11 @@ from typing import Literal, get_args, get_origin
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from keyrank.names import SELECTORS, STRATEGIES
 from keyrank.scoring.buckets import LENGTH_BUCKETS, LENGTH_MULTIPLE
-from keyrank.select import SELECTORS
-from keyrank.strategies import STRATEGIES
 
-# The strategy and selector registries (strategies/__init__.py, select/__init__.py) are the one list of
-# names: these types, the API's enums and the docs derive from them.
+# The one list of names (names.py, a row each in the strategy and selector registries): these types, the
+# API's enums and the docs derive from it.
 Strategy = Literal[STRATEGIES]  # type: ignore[valid-type]
 Selector = Literal[SELECTORS]  # type: ignore[valid-type]
 

@@ -28,18 +28,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from keyrank import metrics
+from keyrank.config import Settings
 from keyrank.segment import Spans
 from keyrank.select.bm25 import BlockTerms, document_terms
+from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
-
-if TYPE_CHECKING:
-    from keyrank.config import Settings
-    from keyrank.template import InputTemplate
 
 _ENTRY_OVERHEAD = 400
 """Bytes charged per entry beyond its arrays (key, dict slots, small objects)."""

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from keyrank.config import Settings
 from keyrank.errors import InvalidRequest
+from keyrank.names import SELECTORS, STRATEGIES
 from keyrank.select import REGISTRY as SELECTORS_BY_NAME
-from keyrank.select import SELECTORS, SelectorSpec
-from keyrank.strategies import REGISTRY, STRATEGIES, StrategySpec
+from keyrank.select import SelectorSpec
+from keyrank.strategies import REGISTRY, StrategySpec
 from keyrank.template import InputTemplate
-
-if TYPE_CHECKING:
-    from keyrank.config import Settings
 
 
 @dataclass(frozen=True, slots=True)

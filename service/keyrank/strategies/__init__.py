@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keyrank.names import STRATEGIES
 from keyrank.strategies.passage import Passage
 from keyrank.strategies.cuts import BLOCKS, DISJOINT, KEY_BLOCKS, PREFIX, SLIDING, WHOLE, DocumentCut
 
-__all__ = ["REGISTRY", "STRATEGIES", "Passage", "StrategySpec", "get_spec", "markdown_table"]
+__all__ = ["REGISTRY", "STRATEGIES", "Passage", "StrategySpec", "markdown_table"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +117,7 @@ REGISTRY: dict[str, StrategySpec] = {
                              "ModernBERT, bge-reranker-v2-m3, decoders); its score"),
     )
 }
-STRATEGIES: tuple[str, ...] = tuple(REGISTRY)
+# STRATEGIES (names.py) names these rows in this order; tests/test_strategy_registry.py keeps the two equal.
 
 
 def markdown_table() -> str:
@@ -128,10 +129,3 @@ def markdown_table() -> str:
         rows.append(f"| `{spec.name}` | {spec.cut.name} | {spec.summary} | {', '.join(needs) or '-'} |")
     return "\n".join(rows)
 
-
-def get_spec(name: str) -> StrategySpec:
-    """The registry row; KeyError names the known strategies."""
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}") from None

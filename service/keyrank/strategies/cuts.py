@@ -26,22 +26,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
 import numpy as np
 
+from keyrank.config import Settings
+from keyrank.doc_cache import DocumentCache
 from keyrank.segment import Spans, blocks, windows
+from keyrank.select import SelectorSpec
 from keyrank.strategies.firstp import first_passage
 from keyrank.strategies.keyb2 import key_block_passages, keyb2_passages, lead_trimmed
 from keyrank.strategies.passage import Passage
 from keyrank.strategies.windows import window_passages
+from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
-
-if TYPE_CHECKING:
-    from keyrank.doc_cache import DocumentCache
-    from keyrank.resolved import Resolved
-    from keyrank.select import SelectorSpec
-    from keyrank.template import InputTemplate
 
 UNCAPPED = 1 << 62
 """A cap no document reaches: the windows are cut after they are scored (``DocumentCut.capped``)."""
@@ -53,8 +49,8 @@ SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_sel
 class CutContext:
     """What cutting needs of one pipeline, built once with it."""
 
-    settings: Any
-    """The stage parameters (``Settings``: block size, stride, caps, keyb2's rules)."""
+    settings: Settings
+    """The stage parameters (block size, stride, caps, keyb2's rules)."""
     break_costs: np.ndarray
     """float64 [vocab] cost of a block break after each token (segment.token_break_costs)."""
     documents: DocumentCache
@@ -81,14 +77,15 @@ class DocumentCut(ABC):
 
     @abstractmethod
     def assemble(self, docs: list[Encoded], pieces: list[Spans], block_scores: list[np.ndarray], budget: int,
-                 settings: Any, selector: SelectorSpec | None) -> list[Passage]:
+                 settings: Settings, selector: SelectorSpec | None) -> list[Passage]:
         """The passages each document contributes, grouped by document. A cut with ``reads_query_terms`` is
         also given ``anchors=``, the query's rare term ids (``Pipeline.anchors``)."""
 
     @abstractmethod
-    def sequences(self, tokens: np.ndarray, window: int, plan: Resolved) -> float:
-        """Cross-encoder inputs the documents cost, from their (estimated) token counts ``tokens`` and the
-        document tokens one input holds (``window``)."""
+    def sequences(self, tokens: np.ndarray, window: int, settings: Settings, max_windows: int,
+                  selector: SelectorSpec | None) -> float:
+        """Cross-encoder inputs the documents cost, from their (estimated) token counts ``tokens``, the
+        document tokens one input holds (``window``) and the request's caps and selector (``Resolved``)."""
 
     def evidence(self, passages: Sequence[Passage], best: np.ndarray) -> list[Passage]:
         """The passages the documents' scores rest on: each document's best one."""
@@ -98,16 +95,16 @@ class DocumentCut(ABC):
         """The settings its model inputs depend on: none of the block selection's."""
         return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
 
-    def capped(self, pieces: list[Spans], settings: Any, max_windows: int) -> str | None:
+    def capped(self, pieces: list[Spans], settings: Settings, max_windows: int) -> str | None:
         """The selector that picks which of ``pieces`` a document keeps when it has more than ``max_windows``
         (the pipeline scores them with it and keeps the best, ``segment.best_pieces``); None: nothing to pick."""
         return None
 
-    def max_length(self, settings: Any) -> int:
+    def max_length(self, settings: Settings) -> int:
         """Longest input it builds, the frame included, before the model's own limit caps it."""
         return settings.max_sequence_length
 
-    def refuses(self, template: InputTemplate, settings: Any) -> str | None:
+    def refuses(self, template: InputTemplate, settings: Settings) -> str | None:
         """Why the model of ``template`` cannot be read this way (resolution's 422), or None."""
         return None
 
@@ -126,7 +123,7 @@ class PrefixCut(DocumentCut):
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return [first_passage(i, len(d), budget) for i, d in enumerate(docs)]
 
-    def sequences(self, tokens, window, plan):
+    def sequences(self, tokens, window, settings, max_windows, selector):
         return float(len(tokens))
 
 
@@ -136,7 +133,7 @@ class WindowCut(DocumentCut):
     windowed = True
 
     @abstractmethod
-    def stride(self, window: int, settings: Any) -> int:
+    def stride(self, window: int, settings: Settings) -> int:
         """Tokens between the starts of two windows."""
 
     def segment(self, docs, budget, max_windows, ctx):
@@ -155,9 +152,9 @@ class WindowCut(DocumentCut):
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
 
-    def sequences(self, tokens, window, plan):
-        count = 1 + np.ceil(np.maximum(tokens - window, 0) / self.stride(window, plan.settings))
-        return float(np.sum(np.minimum(count, plan.max_windows)))
+    def sequences(self, tokens, window, settings, max_windows, selector):
+        count = 1 + np.ceil(np.maximum(tokens - window, 0) / self.stride(window, settings))
+        return float(np.sum(np.minimum(count, max_windows)))
 
 
 class SlidingCut(WindowCut):
@@ -189,18 +186,18 @@ class BlockCut(DocumentCut):
         return ctx.documents.blocks(docs, lambda d: blocks(d, ctx.break_costs, s.block_max_tokens, s.block_cost))
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
-        return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector.name if selector else None)
+        return keyb2_passages(docs, pieces, block_scores, budget, settings, selector=selector)
 
-    def sequences(self, tokens, window, plan):
+    def sequences(self, tokens, window, settings, max_windows, selector):
         """One reading per document, up to ``keyb2_passes`` while the text lasts, plus the selector's work."""
-        reads = np.minimum(plan.settings.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
-        return float(np.sum(reads)) + self.selector_work(tokens, plan)
+        reads = np.minimum(settings.keyb2_passes, np.maximum(1, np.ceil(tokens / window)))
+        return float(np.sum(reads)) + self.selector_work(tokens, settings, selector)
 
     @staticmethod
-    def selector_work(tokens: np.ndarray, plan: Resolved) -> float:
+    def selector_work(tokens: np.ndarray, settings: Settings, selector: SelectorSpec | None) -> float:
         """The selector's own work on every block, in model inputs (its row's ``sequences_per_block``)."""
-        per_block = plan.selector.sequences_per_block if plan.selector else 0.0
-        return float(per_block * np.sum(np.ceil(tokens / plan.settings.block_max_tokens)))
+        per_block = selector.sequences_per_block if selector else 0.0
+        return float(per_block * np.sum(np.ceil(tokens / settings.block_max_tokens)))
 
     def evidence(self, passages, best):
         """Every passage: each selected block is evidence, whichever pass scored best."""
@@ -224,17 +221,17 @@ class KeyBlocksCut(BlockCut):
             return passages
         return lead_trimmed(passages, docs, anchors, settings.keyb2_blocks_lead)
 
-    def sequences(self, tokens, window, plan):
+    def sequences(self, tokens, window, settings, max_windows, selector):
         """Each input is charged its share of a full one: (its blocks + query + frame) / ``window``, plus the
         selector's own work on every block. A document of at most ``keyb2_blocks`` blocks has them all chosen,
         one after another, so they are read in runs of ``keyb2_blocks_span``; a longer one's chosen blocks may
         all stand apart, one input each."""
-        s = plan.settings
+        s = settings
         blocks = np.maximum(1, np.ceil(tokens / s.block_max_tokens))
         chosen = np.minimum(blocks, s.keyb2_blocks)
         inputs = np.where(blocks <= s.keyb2_blocks, np.ceil(chosen / s.keyb2_blocks_span), chosen)
         read = chosen * s.block_max_tokens + inputs * (s.query_max_tokens + 3)
-        return float(np.sum(np.minimum(read / max(window, 1), chosen))) + self.selector_work(tokens, plan)
+        return float(np.sum(np.minimum(read / max(window, 1), chosen))) + self.selector_work(tokens, settings, selector)
 
     def evidence(self, passages, best):
         """The block the fold rests on most: each document's best-scored one."""
@@ -252,8 +249,8 @@ class WholeCut(PrefixCut):
     name = "whole"
     needs = "a model reading past `max_sequence_length` (512)"
 
-    def sequences(self, tokens, window, plan):
-        read = np.minimum(tokens, window) / plan.settings.max_sequence_length
+    def sequences(self, tokens, window, settings, max_windows, selector):
+        read = np.minimum(tokens, window) / settings.max_sequence_length
         return float(np.sum(np.maximum(1.0, read) ** 2))
 
     def max_length(self, settings):

@@ -34,12 +34,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Any
-
 import numpy as np
 
+from keyrank.config import Settings
 from keyrank.segment import Spans, best_indices
-from keyrank.select import REGISTRY as SELECTOR_REGISTRY
+from keyrank.select import SelectorSpec
 from keyrank.select.duplicates import ChosenSets
 from keyrank.select.shared import shared_blocks
 from keyrank.strategies.passage import Passage
@@ -47,10 +46,6 @@ from keyrank.tokenize import Encoded
 
 BLOCK_ORDERS = ("document", "score")
 """How the chosen blocks are read: as the text runs (the papers), or best-scored first."""
-SHARE_SELECTORS = tuple(s.name for s in SELECTOR_REGISTRY.values() if s.ratio_scale)
-"""Selectors whose block scores are on a ratio scale (select.REGISTRY's ``ratio_scale``: 0 = no query term),
-so that "half the best block's score" means something: BM25. Cosines, fused ranks and logits are not; they
-fill the budget."""
 BUDGET_RULES = ("paper480", "fill")
 """``paper480``: the configured fixed budget (480), capped to what fits; ``fill``: all that fits."""
 
@@ -95,7 +90,7 @@ class SelectionRules:
         return not (self.keep_lead or self.neighbours or self.dedup_jaccard is not None)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SelectionRules:
+    def from_settings(cls, settings: Settings) -> SelectionRules:
         """The rules named by ``Settings.keyb2_*``."""
         return cls(
             keep_lead=settings.keyb2_keep_lead,
@@ -106,16 +101,17 @@ class SelectionRules:
 
 
 def keyb2_passages(docs: Sequence[Encoded], pieces: Sequence[Spans], block_scores: Sequence[np.ndarray], fits: int,
-                   settings: Any, *, selector: str | None) -> list[Passage]:
+                   settings: Settings, *, selector: SelectorSpec | None) -> list[Passage]:
     """What keyb2 reads of every document: the settings' budget rule and selection rules in one call.
 
-    ``fits``: document tokens that fit next to the query (``Resolved.budget``);
-    ``settings``: a ``Settings`` (its ``keyb2_*`` fields); ``selector``: what scored the blocks
-    (``keyb2_min_score_share`` applies to the selectors in ``SHARE_SELECTORS`` only)."""
+    ``fits``: document tokens that fit next to the query (``Resolved.budget``); ``settings``: its
+    ``keyb2_*`` fields; ``selector``: the row of what scored the blocks. ``keyb2_min_score_share`` applies
+    only to a selector whose scores are on a ratio scale (its row's ``ratio_scale``, 0 = no query term: BM25),
+    where "half the best block's score" means something; cosines, fused ranks and logits fill the budget."""
     budget = keyb2_budget(settings.keyb2_budget, fits, settings.keyb2_budget_tokens)
     rules = SelectionRules.from_settings(settings)
     share = settings.keyb2_min_score_share
-    if share is not None and selector in SHARE_SELECTORS:
+    if share is not None and selector is not None and selector.ratio_scale:
         block_scores = [below_share_dropped(np.asarray(s, dtype=np.float64), share) for s in block_scores]
     if settings.keyb2_shared_share is not None:
         block_scores = shared_dropped(docs, pieces, block_scores, settings.keyb2_shared_share)
