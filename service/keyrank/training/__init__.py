@@ -12,8 +12,10 @@ splits come from ``keyrank.data``.
     losses.py   pairwise hinge (KeyB), listwise softmax CE, distillation
     cache.py    teacher MaxP scores and frozen pooled vectors, computed once, kept on disk
     recipe.py   FinetuneConfig (every knob, with its default) and the data it loads
-    state.py    the resumable checkpoint (weights, optimizer, schedule, RNG, position)
-    loop.py     the loop: seeded, resumable, progress bar, dev metric every epoch
+    run.py      one run's state between its stages (models, pipeline, caches, scoring, dev metric) and its result
+    state.py    the resumable checkpoint (weights, optimizer, schedule, RNG, the typed position)
+    outputs.py  what a run leaves: the checkpoint, the trained aggregator or head, training.json
+    loop.py     finetune, step by step: plan, fill the caches, train each epoch (seeded, resumable), check, write
     parade.py   PARADE-Attn / PARADE-Transformer modules and their ONNX export
     cli.py      the command line
 """

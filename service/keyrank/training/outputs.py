@@ -6,15 +6,11 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from typing import TYPE_CHECKING
-
 import torch
 
 from keyrank.training import interaction, parade
 from keyrank.training.model import CrossEncoder
-
-if TYPE_CHECKING:
-    from keyrank.training.loop import FinetuneResult, TrainingRun
+from keyrank.training.run import FinetuneResult, TrainingRun
 
 
 def write_outputs(run: TrainingRun, result: FinetuneResult) -> None:

@@ -82,13 +82,13 @@ def plan_query(pipeline: Pipeline, judged: JudgedQuery, resolved: Resolved,
     )
 
 
-def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], strategy: str, selector: str | None = None,
-             cross_scorer=None, *, desc: str = "plan", progress: bool = True) -> list[PlannedQuery]:
-    """Every query planned as the server would plan it, the options resolved once for all of them (a progress
-    bar: a QMSum query group is ~12k tokens to cut and select)."""
+def plan_all(pipeline: Pipeline, queries: Sequence[JudgedQuery], resolved: Resolved,
+             cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None, *, desc: str = "plan",
+             progress: bool = True) -> list[PlannedQuery]:
+    """Every query planned as the server would plan it under the one ``resolved`` request (``training_request``;
+    a progress bar: a QMSum query group is ~12k tokens to cut and select)."""
     from tqdm.auto import tqdm  # the eval extra's: imported by a run, not by `keyrank finetune --help`
 
-    resolved = training_request(pipeline, strategy, selector)
     return [plan_query(pipeline, q, resolved, cross_scorer) for q in tqdm(queries, desc=desc, unit="q", disable=not progress)]
 
 

@@ -10,17 +10,44 @@ from __future__ import annotations
 
 import os
 import random
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from keyrank.training.run import FinetuneResult, TrainingRun
 
-def save_state(run, optimizer, scheduler, position: dict, result, path: Path) -> None:
+
+@dataclass(slots=True)
+class Position:
+    """Where a run stands: what a restart continues from."""
+
+    epoch: int = 0
+    """Epochs finished."""
+    groups_done: int = 0
+    """Groups of the current epoch trained on (its order is a pure function of seed and epoch)."""
+    step: int = 0
+    """Optimizer steps taken over the whole run."""
+    best: float | None = None
+    """The best epoch's first dev measure so far (its epoch number without a dev set); None before any."""
+    losses: list[float] = field(default_factory=list)
+    """The current epoch's step losses (an epoch cut by an interruption keeps them across the restart)."""
+    pairs: int = 0
+    """Query-document pairs the current epoch has trained on."""
+    seconds: float = 0.0
+    """Training seconds the current epoch has taken."""
+
+    def next_epoch(self, epoch: int) -> None:
+        """``epoch`` epochs done: the next starts with nothing of its own."""
+        self.epoch, self.groups_done, self.losses, self.pairs, self.seconds = epoch, 0, [], 0, 0.0
+
+
+def save_state(run: TrainingRun, optimizer, scheduler, position: Position, result: FinetuneResult, path: Path) -> None:
     """Everything a restart needs, written atomically (a crash mid-write keeps the previous state)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
-        "position": dict(position), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "position": asdict(position), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "encoder": run.encoder.hf.state_dict() if run.encoder is not None else None,
         "aggregator": run.aggregator.state_dict() if run.aggregator is not None else None,
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()},
@@ -32,7 +59,7 @@ def save_state(run, optimizer, scheduler, position: dict, result, path: Path) ->
     os.replace(tmp, path)
 
 
-def restore_state(run, optimizer, scheduler, path: Path, result) -> dict:
+def restore_state(run: TrainingRun, optimizer, scheduler, path: Path, result: FinetuneResult) -> Position:
     """Load weights, optimizer, schedule and RNG into ``run``; answer the position to continue from."""
     state = torch.load(path, map_location="cpu", weights_only=False)  # optimizer and modules move it to their device
     if run.encoder is not None and state["encoder"] is not None:
@@ -49,7 +76,4 @@ def restore_state(run, optimizer, scheduler, path: Path, result) -> dict:
         result.model_dir = run.out / "model" if (run.out / "model").is_dir() else None
         agg = run.out / f"{run.config.strategy}.onnx"
         result.aggregator = agg if agg.exists() else None
-    position = state["position"]
-    for key, empty in (("losses", []), ("pairs", 0), ("seconds", 0.0)):
-        position.setdefault(key, empty)
-    return position
+    return Position(**state["position"])  # a state saved before losses, pairs and seconds were kept: their defaults
