@@ -1,5 +1,5 @@
-"""What a client dialect is: one record per dialect (``Dialect``) and the path lookup every error answer,
-the API key and the request count use (``Dialects``).
+"""What a client dialect is: one record per dialect (``Dialect``) with the shape and documentation of its
+error answers, and the path lookup every error answer, the API key and the request count use (``Dialects``).
 
 A dialect is its wire types (schemas/), its routes with their thin translation to ``RerankOptions`` and
 its record (api/routes/), and one entry in api/app.py's ``DIALECTS``. Nothing else names it: app.py mounts
@@ -8,7 +8,7 @@ its router, errors.py answers in its error shape, limits.py writes its limits in
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +16,32 @@ from fastapi import APIRouter
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-from keyrank.api.errors import ErrorShape, documented_errors, keyrank_error
 from keyrank.schemas import ErrorResponse
+
+_DESCRIPTIONS = {  # the error answers every rerank route documents, by status
+    400: "Body is not JSON (RFC 8259: no NaN, no duplicate keys, at most 64 levels deep); the message names the parse error, line and column.",
+    401: "Missing or wrong API key (only when KEYRANK_API_KEY is set); checked before the body is read.",
+    413: "Body larger than KEYRANK_MAX_BODY_BYTES.",
+    415: "Body sent with a Content-Encoding (gzip, ...): send it uncompressed.",
+    422: "Invalid field or a configured limit exceeded; the message names it.",
+    429: "At capacity (KEYRANK_MAX_QUEUED_SEQUENCES); retry after Retry-After seconds.",
+    503: "Scoring unavailable (Triton down, not ready or past the deadline); retry after Retry-After seconds.",
+}
+
+
+def documented_errors(model: type) -> dict[int | str, dict[str, Any]]:
+    """The error answers of a route, for its OpenAPI ``responses``."""
+    return {code: {"model": model, "description": text} for code, text in _DESCRIPTIONS.items()}
+
+
+ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
+"""A dialect's error answer from the status and keyrank's structured error (``{type, message, request_id}``,
+with ``field`` and ``details`` when known)."""
+
+
+def keyrank_error(status: int, error: dict[str, Any]) -> dict[str, Any]:
+    """keyrank's own error answer."""
+    return {"error": error}
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Every error answer, in the shape of the dialect whose route was called, and the outcome it counts.
 
-Each dialect's record (api/dialect.py) holds its error shape, next to its routes: keyrank's own
-``{"error": {type, message, field, request_id, details}}`` (``keyrank_error``, also the answer of the
-probes, the docs and unknown paths) or a vendor's, which carries that structured error too where the
-vendor's clients leave room for it.
+Each dialect's record (api/dialect.py, with the error answers' shapes and documentation) holds its error
+shape, next to its routes: keyrank's own ``{"error": {type, message, field, request_id, details}}``
+(``keyrank_error``, also the answer of the probes, the docs and unknown paths) or a vendor's, which carries
+that structured error too where the vendor's clients leave room for it.
 
 Messages name what the caller can fix; they never carry internal addresses, paths or stack traces
 (those go to the log, with the request id). 429 and 503 carry ``Retry-After``.
@@ -12,7 +12,7 @@ Messages name what the caller can fix; they never carry internal addresses, path
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from keyrank import metrics
 from keyrank.api.body import InvalidJson
+from keyrank.api.dialect import documented_errors, keyrank_error
 from keyrank.errors import (
     ClientClosed,
     InvalidRequest,
@@ -47,32 +48,8 @@ _ERROR_TYPES = {
     400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 408: "body_timeout",
     413: "body_too_large", 415: "unsupported_encoding",
 }
-_DESCRIPTIONS = {
-    400: "Body is not JSON (RFC 8259: no NaN, no duplicate keys, at most 64 levels deep); the message names the parse error, line and column.",
-    401: "Missing or wrong API key (only when KEYRANK_API_KEY is set); checked before the body is read.",
-    413: "Body larger than KEYRANK_MAX_BODY_BYTES.",
-    415: "Body sent with a Content-Encoding (gzip, ...): send it uncompressed.",
-    422: "Invalid field or a configured limit exceeded; the message names it.",
-    429: "At capacity (KEYRANK_MAX_QUEUED_SEQUENCES); retry after Retry-After seconds.",
-    503: "Scoring unavailable (Triton down, not ready or past the deadline); retry after Retry-After seconds.",
-}
-
-
-def documented_errors(model: type) -> dict[int | str, dict[str, Any]]:
-    """The error answers of a route, for its OpenAPI ``responses``."""
-    return {code: {"model": model, "description": text} for code, text in _DESCRIPTIONS.items()}
-
-
 NATIVE_ERRORS = documented_errors(ErrorResponse)
-
-ErrorShape = Callable[[int, dict[str, Any]], dict[str, Any]]
-"""A dialect's error answer from the status and keyrank's structured error (``{type, message, request_id}``,
-with ``field`` and ``details`` when known)."""
-
-
-def keyrank_error(status: int, error: dict[str, Any]) -> dict[str, Any]:
-    """keyrank's own error answer."""
-    return {"error": error}
+"""keyrank's own error answers, for the OpenAPI ``responses`` of the routes outside every dialect (the probes)."""
 
 
 def record(request: Request, outcome: str) -> None:
