@@ -27,16 +27,18 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 import numpy as np
 
 from keyrank import metrics
 from keyrank.config import Settings
 from keyrank.segment import Spans
-from keyrank.select.bm25 import BlockTerms, document_terms
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer
+
+T = TypeVar("T")
 
 _ENTRY_OVERHEAD = 400
 """Bytes charged per entry beyond its arrays (key, dict slots, small objects)."""
@@ -52,8 +54,9 @@ class CachedDocument:
     """int32 [n, 2] character span of each token."""
     blocks: dict[int, Spans] = field(default_factory=dict)
     """CogLTX blocks, by the number of tokens read (a cut changes the DP)."""
-    terms: dict[int, BlockTerms] = field(default_factory=dict)
-    """BM25 terms of those blocks, by tokens read: (term ids [T], local block of each [T], terms per block [k])."""
+    terms: dict[int, Any] = field(default_factory=dict)
+    """What the BM25 selector reads of those blocks, by tokens read (``bm25.BlockTerms``: term ids [T], local
+    block of each [T], terms per block [k])."""
     nbytes: int = 0
     """What this entry is charged against the bound."""
 
@@ -147,32 +150,26 @@ class DocumentCache:
             out.append(spans)
         return out
 
-    # --- stage 3: BM25 terms -----------------------------------------------------------------
-    def block_terms(self, docs: Sequence[Encoded], pieces: Sequence[Spans], is_term: np.ndarray) -> BlockTerms:
-        """The BM25 terms of every block of every document, flattened in order (``bm25.block_terms``)."""
+    # --- stage 3: what the BM25 selector reads of the blocks --------------------------------------
+    def block_terms(self, docs: Sequence[Encoded], pieces: Sequence[Spans], extract: Callable[[Encoded, Spans], T]) -> list[T]:
+        """Each document's ``extract`` of its blocks (the BM25 terms, ``bm25.document_terms``), from the cache or
+        from ``extract``; kept for next time when they are the very blocks this cache handed out (other pieces:
+        computed). What ``extract`` returns is a dataclass of arrays (``bm25.BlockTerms``), frozen once kept."""
         parts = []
         for d, spans in zip(docs, pieces):
             entry = self._entry_of(d) if self.enabled else None
-            # Terms are kept only for the very blocks this cache handed out (other pieces: computed).
             ours = entry is not None and entry.blocks.get(len(d)) is spans
             part = entry.terms.get(len(d)) if ours else None
             if part is None:
-                part = document_terms(d.ids, spans.starts, spans.ends, is_term)
+                part = extract(d, spans)
                 if ours:
+                    arrays = [getattr(part, f.name) for f in fields(part)]
                     with self._lock:
-                        _freeze(part.terms, part.block_of, part.lengths)
+                        _freeze(*arrays)
                         entry.terms[len(d)] = part
-                        self._charge(entry, part.terms.nbytes + part.block_of.nbytes + part.lengths.nbytes)
+                        self._charge(entry, sum(a.nbytes for a in arrays))
             parts.append(part)
-        if not parts:
-            empty = np.zeros(0, dtype=np.int64)
-            return BlockTerms(empty, empty, empty)
-        offsets = np.cumsum([0] + [p.lengths.shape[0] for p in parts[:-1]])
-        return BlockTerms(
-            terms=np.concatenate([p.terms for p in parts]),
-            block_of=np.concatenate([p.block_of + off for p, off in zip(parts, offsets)]),
-            lengths=np.concatenate([p.lengths for p in parts]),
-        )
+        return parts
 
     # --- bookkeeping (under the lock) ----------------------------------------------------------
     def _entry_of(self, doc: Encoded) -> CachedDocument | None:

@@ -83,6 +83,19 @@ def document_terms(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, is_ter
     return BlockTerms(terms=covered[keep], block_of=block_of, lengths=np.bincount(block_of, minlength=len(starts)).astype(np.int64))
 
 
+def joined(parts: Sequence[BlockTerms]) -> BlockTerms:
+    """Several documents' ``BlockTerms`` as one, their blocks numbered on from one document to the next."""
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return BlockTerms(empty, empty, empty)
+    offsets = np.cumsum([0] + [p.lengths.shape[0] for p in parts[:-1]])
+    return BlockTerms(
+        terms=np.concatenate([p.terms for p in parts]),
+        block_of=np.concatenate([p.block_of + off for p, off in zip(parts, offsets)]),
+        lengths=np.concatenate([p.lengths for p in parts]),
+    )
+
+
 def block_terms(token_ids: Sequence[np.ndarray], is_term: np.ndarray) -> BlockTerms:
     """Flatten blocks (each an array of token ids) into terms with their block index."""
     lengths = np.fromiter((len(ids) for ids in token_ids), dtype=np.int64, count=len(token_ids))
@@ -185,7 +198,7 @@ def _saturate(tf: np.ndarray, norm: np.ndarray, k1: float) -> np.ndarray:
 class Bm25Selector:
     """The ``bm25`` selector: every block of every document scored against the query's terms, IDF from the
     ``bm25_idf`` source (its table read once, here). The blocks' terms come from the document cache
-    (doc_cache.py), extracted by ``block_terms`` with the term mask; they do not depend on the source, so the
+    (doc_cache.py), extracted by ``terms_of`` with the term mask; they do not depend on the source, so the
     cache serves all."""
 
     def __init__(self, context: SelectorContext):
@@ -203,11 +216,16 @@ class Bm25Selector:
             self.table = general_table(context.tokenizer)
 
     def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
-        flat = self.documents.block_terms(docs, pieces, self.is_term)
+        flat = joined(self.documents.block_terms(docs, pieces, self.terms_of))
         query_terms = query.ids[self.is_term[query.ids]]
         per_document = None if self.source == "request" else np.fromiter((len(sp) for sp in pieces), dtype=np.int64, count=len(pieces))
         scores = bm25_scores(query_terms, flat, k1=self.k1, b=self.b, idf_table=self.table, per_document=per_document)
         return per_document_split(scores, pieces)
+
+
+    def terms_of(self, doc: Encoded, blocks: Spans) -> BlockTerms:
+        """The BM25 terms of one document's blocks (what the document cache keeps)."""
+        return document_terms(doc.ids, blocks.starts, blocks.ends, self.is_term)
 
 
 def build(context: SelectorContext) -> Bm25Selector:
