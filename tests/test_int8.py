@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from keyrank.prepare import int8, variants
+from keyrank.prepare import gate, int8, variants
+from keyrank.prepare.gate import MIN_KENDALL_TAU
 from keyrank.scoring import openvino
 from shared_data import CE_MODEL, DATASETS, linked_copy
 
@@ -29,14 +30,14 @@ def test_calibration_reads_training_pairs_and_never_the_gates_dev_or_held_back_o
     assert len(used["qmsum_meetings"]) == int8.CALIBRATION_QMSUM_MEETINGS and used["dl20_qids"]
     assert len(pairs) >= 100
     train = sorted(p.stem for p in (DATASETS / "qmsum" / "train").glob("*.json"))
-    gate_meetings = set(train[:3])  # variants.gate_groups reads the first three
+    gate_meetings = set(train[:3])  # gate.gate_groups reads the first three
     assert set(used["qmsum_meetings"]) <= set(train) - gate_meetings
     assert not any(qmsum_dev_meeting(m) for m in used["qmsum_meetings"])
     gate_queries = {str(r["hits"][0]["qid"]) for r in json.loads((DATASETS / "trec-dl20-passage/bm25_dl20.json").read_text())[:8]}
     assert not set(used["dl20_qids"]) & gate_queries
     assert not any(dl20_held_back(q) for q in used["dl20_qids"])
     # The gate's own pairs are none of these.
-    groups, _ = variants.gate_groups(DATASETS, tokenizer, template)
+    groups, _ = gate.gate_groups(DATASETS, tokenizer, template)
     assert {g.name.split(":", 1)[1] for g in groups}.isdisjoint(set(used["qmsum_meetings"]) | set(used["dl20_qids"]))
     feeds, source = int8.calibration_feeds(DATASETS, tokenizer, template)
     assert sum(len(f["input_ids"]) for f in feeds) == len(pairs) and "training pairs" in source
@@ -78,7 +79,7 @@ def test_prepare_builds_gates_and_serves_the_int8_graph_on_both_cpu_paths(prepar
     cpu = prepare(str(CE_MODEL), out, cpu_variant="openvino-int8")["cross_encoder"]["cpu"]
     assert cpu["variant"] == "openvino-int8" and cpu["runtime"] == {"runtime": "openvino", "precision": "bf16"}
     gate = cpu["gate"]
-    assert gate["kendall_tau_mean"] >= variants.MIN_KENDALL_TAU and gate["top1_agreement"] == 1.0 and gate["max_abs_diff"] > 0
+    assert gate["kendall_tau_mean"] >= MIN_KENDALL_TAU and gate["top1_agreement"] == 1.0 and gate["max_abs_diff"] > 0
     assert cpu["qdq_ops"]["QuantizeLinear"] > 0 and "training pairs" in cpu["calibrated_on"]
     served = out / "triton-embedded/cross_encoder/1"
     assert (served / "model.onnx").read_bytes() == (out / "cpu/cross_encoder/model.openvino-int8.onnx").read_bytes()

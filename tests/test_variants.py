@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from keyrank.prepare import export, variants
+from keyrank.prepare import export, gate, variants
 from keyrank.prepare.export import LOCK_NAME, prepare
 from keyrank.prepare.variants import VariantRefused
 from shared_data import CE_MODEL, linked_copy
@@ -18,27 +18,27 @@ from shared_data import CE_MODEL, linked_copy
 
 def test_the_gate_holds_exact_variants_to_atol_and_int8_to_ranking_agreement():
     reference = [np.array([3.0, 1.0, -2.0, 0.5]), np.array([0.1, 0.2, 0.3])]
-    same = variants.compare(reference, [r + 1e-6 for r in reference])
+    same = gate.compare(reference, [r + 1e-6 for r in reference])
     assert (same["kendall_tau_mean"], same["top1_agreement"], same["queries"], same["pairs"]) == (1.0, 1.0, 2, 7)
     assert same["max_abs_diff"] == pytest.approx(1e-6, rel=1e-6)
-    assert variants.verdict("fused", same, atol=1e-3) is None and variants.verdict("int8", same, atol=1e-3) is None
+    assert gate.verdict("fused", same, atol=1e-3) is None and gate.verdict("int8", same, atol=1e-3) is None
     # Same ranking, scores 0.01 apart: fine for int8, refused for fusion (which must compute the same function).
-    shifted = variants.compare(reference, [r + 0.01 for r in reference])
-    assert variants.verdict("int8", shifted, atol=1e-3) is None
-    assert "atol" in variants.verdict("fused", shifted, atol=1e-3)
+    shifted = gate.compare(reference, [r + 0.01 for r in reference])
+    assert gate.verdict("int8", shifted, atol=1e-3) is None
+    assert "atol" in gate.verdict("fused", shifted, atol=1e-3)
     # One swapped pair of four in the first query: tau 2/3 there, mean (2/3 + 1) / 2 < 0.95; top document kept.
-    swapped = variants.compare(reference, [np.array([3.0, 0.4, -2.0, 0.5]), reference[1]])
+    swapped = gate.compare(reference, [np.array([3.0, 0.4, -2.0, 0.5]), reference[1]])
     assert swapped["kendall_tau_mean"] == pytest.approx((2 / 3 + 1) / 2, abs=1e-4) and swapped["top1_agreement"] == 1.0
-    assert "Kendall tau" in variants.verdict("int8", swapped, atol=1e-3)
+    assert "Kendall tau" in gate.verdict("int8", swapped, atol=1e-3)
     # A new top document in one query of two: refused even with a high tau elsewhere.
     long = np.arange(20.0)  # the two best of 20 swap: tau 1 - 2/190
-    flipped = variants.compare([reference[0], long], [reference[0], np.r_[long[:18], 19.0, 18.0]])
+    flipped = gate.compare([reference[0], long], [reference[0], np.r_[long[:18], 19.0, 18.0]])
     assert flipped["kendall_tau_mean"] >= 0.99 and flipped["top1_agreement"] == 0.5
-    assert "top-1 agreement 50% < 100%" == variants.verdict("int8", flipped, atol=1e-3)
+    assert "top-1 agreement 50% < 100%" == gate.verdict("int8", flipped, atol=1e-3)
     # Near-ties swapped by differences within atol (a tiny model's scores, all within 1e-4): nothing moved.
-    ties = variants.compare([np.array([0.10000, 0.10002, 0.10004])], [np.array([0.10004, 0.10002, 0.10000])])
-    assert ties["kendall_tau_mean"] == -1.0 and variants.verdict("openvino-bf16", ties, atol=1e-3) is None
-    assert "atol" in variants.verdict("fused", variants.compare(reference, [r + 0.01 for r in reference]), atol=1e-3)
+    ties = gate.compare([np.array([0.10000, 0.10002, 0.10004])], [np.array([0.10004, 0.10002, 0.10000])])
+    assert ties["kendall_tau_mean"] == -1.0 and gate.verdict("openvino-bf16", ties, atol=1e-3) is None
+    assert "atol" in gate.verdict("fused", gate.compare(reference, [r + 0.01 for r in reference]), atol=1e-3)
 
 
 def test_both_cpu_paths_load_the_fused_model_whose_scores_equal_fp32(prepared_models):

@@ -45,7 +45,7 @@ BATCH = 4
 def calibration_pairs(datasets: Path, text_tokenizer, *, skip_qmsum: int = 3, skip_dl20: int = 8
                       ) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     """(query, document) pairs for calibration and what they were drawn from (QMSum meeting names, DL20
-    query ids). ``skip_*``: the gate's own meetings and DL20 queries (``variants.gate_groups``), never
+    query ids). ``skip_*``: the gate's own meetings and DL20 queries (``gate.gate_groups``), never
     calibrated on."""
     from keyrank.data.splits import dl20_held_back, qmsum_dev_meeting
 
