@@ -340,3 +340,58 @@ def test_eval_train_dev_split_is_exactly_the_meetings_finetune_keeps_for_dev():
     every = {p.stem for p in (DATASETS / "qmsum" / "train").glob("*.json")}
     assert meetings and meetings == {m for m in every if splits.qmsum_dev_meeting(m)}
     assert "Bed009" in meetings and "Bdb001" not in meetings
+
+
+def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_overridden(toy, tmp_path, monkeypatch):
+    """The toy's answers sit past token 512: firstp cannot read them, keyb2 can. After training, the readers' dev
+    metrics with the new scorer name keyb2, its serving settings travel with the checkpoint through `keyrank prepare`,
+    and `keyrank serve`'s settings take them unless a KEYRANK_* variable says otherwise."""
+    from keyrank.config import SERVING_FILE, get_settings, serving_defaults
+    from keyrank.prepare.export import CHECKPOINT_SERVING_FILE, fingerprint, prepare
+    from keyrank.training import finetune
+    from keyrank.training.recipe import TrecFiles
+
+    torch.set_num_threads(2)
+    result = finetune(model=str(toy["model"]), out=toy["root"] / "readers", strategy="keyb2", selector="bm25",
+                      trec=TrecFiles(*toy["trec"]), epochs=3, lr=5e-3, groups_per_step=2, sequences_per_forward=8, seed=0,
+                      progress=False, threads=2, dev_max_queries=None, readers=("firstp", "keyb2"))
+    table = result.readers["readers"]
+    assert table["keyb2"]["nDCG@10"] > table["firstp"]["nDCG@10"], table
+    assert result.readers["best"] == "keyb2" and result.readers["settings"]["default_strategy"] == "keyb2"
+    written = (result.model_dir / CHECKPOINT_SERVING_FILE).read_text()
+    assert "KEYRANK_DEFAULT_STRATEGY=keyb2" in written and "firstp" in written  # the figures it rests on, as comments
+    assert json.loads((result.out / "training.json").read_text())["readers"]["best"] == "keyb2"
+
+    # prepare carries it; the weights' fingerprint ignores it; a folder prepared again from other weights drops it
+    served = tmp_path / "served"
+    prepare(str(result.model_dir), served, bi_encoder=None, cpu_variant="fp32")
+    assert (served / "gateway" / SERVING_FILE).read_text() == written
+    assert fingerprint(result.model_dir) == json.loads((served / "gateway" / "manifest.json").read_text())["cross_encoder"]["fingerprint"]
+    settings, taken = serving_defaults(Settings(model_dir=served))
+    assert settings.default_strategy == "keyb2" and taken == {"default_strategy": "keyb2", "default_selector": "bm25"}
+    assert serving_defaults(Settings(model_dir=served), {"default_strategy"})[0].default_strategy == Settings().default_strategy
+
+    monkeypatch.setenv("KEYRANK_MODEL_DIR", str(served))
+    get_settings.cache_clear()
+    try:
+        assert get_settings().default_strategy == "keyb2"
+        monkeypatch.setenv("KEYRANK_DEFAULT_STRATEGY", "maxp")
+        get_settings.cache_clear()
+        assert get_settings().default_strategy == "maxp"  # the environment wins
+    finally:
+        get_settings.cache_clear()
+    prepare(str(toy["model"]), served, bi_encoder=None, cpu_variant="fp32")
+    assert not (served / "gateway" / SERVING_FILE).exists()
+
+
+def test_a_serving_file_may_set_only_how_requests_are_read(tmp_path):
+    from keyrank.config import SERVING_FILE, BadSetting, serving_defaults
+
+    gateway = tmp_path / "gateway"
+    gateway.mkdir()
+    (gateway / SERVING_FILE).write_text("KEYRANK_API_KEY=secret\n")
+    with pytest.raises(BadSetting, match="KEYRANK_API_KEY.*not a setting a model folder sets"):
+        serving_defaults(Settings(model_dir=tmp_path))
+    (gateway / SERVING_FILE).write_text("# a comment\nKEYRANK_DEFAULT_STRATEGY=no-such-reader\n")
+    with pytest.raises(BadSetting, match="serving.env.*KEYRANK_DEFAULT_STRATEGY"):
+        serving_defaults(Settings(model_dir=tmp_path))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,17 @@ from pathlib import Path
 
 from keyrank import __version__
 from keyrank.cli_format import DefaultsHelpFormatter
-from keyrank.config import BadSetting, Settings, bad_setting, get_settings
+from keyrank.config import (
+    ENV_FILE_VARIABLE,
+    SERVING_FILE,
+    BadSetting,
+    Settings,
+    bad_setting,
+    get_settings,
+    read_settings,
+    serving_defaults,
+    variable,
+)
 
 _SERVE_OPTIONS = ("triton_url", "host", "port", "model_dir", "workers", "models", "default_model")
 _IMPORT_NAMES = {"nvidia-pytriton": "pytriton", "scikit-learn": "sklearn", "pyyaml": "yaml", "pillow": "PIL"}
@@ -85,7 +96,13 @@ def _serve(args: argparse.Namespace) -> int:
     from keyrank.modelserver.launcher import serve
 
     overrides = {k: v for k, v in vars(args).items() if k in _SERVE_OPTIONS}
-    settings = get_settings().with_overrides(**overrides)
+    given = read_settings(os.environ.get(ENV_FILE_VARIABLE) or None).model_fields_set
+    # the serving defaults of the model folder served, which --model-dir may have changed
+    settings, taken = serving_defaults(get_settings().with_overrides(**overrides), given)
+    if taken:
+        print(f"keyrank serve: {settings.gateway_dir / SERVING_FILE} sets "
+              + ", ".join(f"{variable(k)}={v}" for k, v in taken.items())
+              + " (what this model was measured best with; a KEYRANK_* variable overrides it)", flush=True)
     settings.check_files()  # before Triton starts, not as a traceback once the gateway loads them
     return serve(settings)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, get_args, get_origin
@@ -312,14 +313,50 @@ def read_settings(env_file: str | None = None) -> Settings:
         raise BadSetting(f"{bad} (read from the environment and {ENV_FILE_VARIABLE}={env_file})" if env_file else str(bad)) from None
 
 
+SERVING_FILE = "serving.env"
+"""In a prepared model's gateway/: the ``KEYRANK_*=value`` lines its model is best served with (``keyrank finetune``
+measures the readers of a fine-tuned scorer on dev and writes the best one's; `keyrank prepare` copies them from the
+checkpoint folder). Below the environment, the env file and the command line: a setting given there wins."""
+ENV_PREFIX = "KEYRANK_"
+SERVABLE_FROM_MODEL = frozenset({"default_strategy", "default_selector"})
+"""The settings a model folder's ``SERVING_FILE`` may set: how requests that name none are read."""
+
+
+def serving_defaults(settings: Settings, given: Collection[str] = ()) -> tuple[Settings, dict[str, str]]:
+    """``settings`` with what its model folder's ``SERVING_FILE`` says, for every setting not in ``given`` (those set
+    by the environment, the env file or a flag), and what was taken from it. A line it may not set, or a value
+    the setting cannot take, raises BadSetting naming the file."""
+    path = settings.gateway_dir / SERVING_FILE
+    if settings.models or not path.is_file():
+        return settings, {}
+    taken: dict[str, str] = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        field = key.strip().removeprefix(ENV_PREFIX).lower()
+        if not key.strip().startswith(ENV_PREFIX) or field not in SERVABLE_FROM_MODEL:
+            raise BadSetting(f"{path}:{number}: {key.strip()!r} is not a setting a model folder sets "
+                             f"(only {', '.join(sorted(variable(f) for f in SERVABLE_FROM_MODEL))})")
+        if field not in given:
+            taken[field] = value.strip()
+    try:
+        return settings.with_overrides(**taken), taken
+    except ValueError as exc:
+        raise BadSetting(f"{path}: {bad_setting(exc) or exc}") from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """This process's settings (read once). Raises BadSetting, naming the variable, for a value that does not
-    parse or a ``KEYRANK_ENV_FILE`` that is not a file."""
+    """This process's settings (read once): the environment over ``KEYRANK_ENV_FILE`` over the model folder's
+    ``SERVING_FILE`` over the defaults. Raises BadSetting, naming the variable, for a value that does not parse or
+    a ``KEYRANK_ENV_FILE`` that is not a file."""
     env_file = os.environ.get(ENV_FILE_VARIABLE)
     if env_file and not Path(env_file).is_file():
         raise BadSetting(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
-    return read_settings(env_file or None)
+    settings = read_settings(env_file or None)
+    return serving_defaults(settings, settings.model_fields_set)[0]
 
 
 # --- docs/CONFIGURATION.md, written from the fields (tests/test_docs.py keeps the page equal to it) -----------

@@ -168,6 +168,7 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         from keyrank.prepare.gpu_repository import write_gpu_repository
 
         write_gpu_repository(out, ce_entry, ce_dir, max_batch_size=max_batch_size)
+    _copy_serving_defaults(ce_dir, gateway)
     manifest = {"cross_encoder": ce_entry, "bi_encoder": bi_entry}
     write_if_changed(manifest_path, json.dumps(manifest, indent=2) + "\n")
     if device == "cuda":  # and for ONNX Runtime's CUDA provider: fp16, checked against fp32 (ort_cuda.py)
@@ -177,6 +178,24 @@ def _prepare_locked(model, out, bi_encoder, tensorrt_fp16, max_batch_size, embed
         ce_entry["ort_cuda"] = ort_cuda.write_ort_cuda_repository(out, ce_entry, rows, max_batch_size=max_batch_size)
         write_if_changed(manifest_path, json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+CHECKPOINT_SERVING_FILE = "keyrank-serving.env"
+"""In a checkpoint folder (``keyrank finetune`` writes it): the settings the model was measured best with on dev,
+copied into the prepared folder's gateway/ as ``keyrank.config.SERVING_FILE``."""
+
+
+def _copy_serving_defaults(checkpoint: Path, gateway: Path) -> None:
+    """The checkpoint's serving settings into gateway/, or none there when it has none (a folder prepared again
+    from another model must not keep the last one's)."""
+    from keyrank.config import SERVING_FILE
+
+    source, target = checkpoint / CHECKPOINT_SERVING_FILE, gateway / SERVING_FILE
+    if source.is_file():
+        write_if_changed(target, source.read_text(encoding="utf-8"))
+        log.info("serving settings of the checkpoint: %s", " ".join(source.read_text(encoding="utf-8").split()))
+    else:
+        target.unlink(missing_ok=True)
 
 
 # --- sources -------------------------------------------------------------------
@@ -222,9 +241,11 @@ def _attention_heads(checkpoint: Path) -> int:
 
 
 def fingerprint(folder: Path) -> str:
-    """Content hash of a checkpoint folder: the same weights anywhere give the same exports."""
+    """Content hash of a checkpoint folder: the same weights anywhere give the same exports. Its serving settings
+    (``CHECKPOINT_SERVING_FILE``) are not weights: they change no export."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")
+                       and p.name != CHECKPOINT_SERVING_FILE):
         digest.update(str(path.relative_to(folder)).encode())
         with path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 22), b""):

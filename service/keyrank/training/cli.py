@@ -22,12 +22,23 @@ from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.data.judged import add_trec_arguments, trec_files
 from keyrank.strategies import STRATEGIES
 from keyrank.training.planned import TRAINABLE
-from keyrank.training.recipe import LOSSES, FinetuneConfig
+from keyrank.training.recipe import LOSSES, READERS, FinetuneConfig
 from keyrank.training.splits import TASKS
 
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(v) for v in text.split(",") if v)
+
+
+def _served_strategy(fallback: str) -> str:
+    """The strategy the service serves by default (KEYRANK_DEFAULT_STRATEGY), when it is one finetune trains."""
+    from keyrank.config import BadSetting, get_settings
+
+    try:
+        served = get_settings().default_strategy
+    except BadSetting:  # said by the command itself when it runs
+        return fallback
+    return served if served in TRAINABLE else fallback
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,9 +47,14 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=DefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="starting checkpoint: Hugging Face folder or hub id (required)")
     p.add_argument("--out", type=Path, required=True, help="run folder (keep it outside git, e.g. runs/...) (required)")
-    p.add_argument("--strategy", choices=TRAINABLE, default=d.strategy,
+    p.add_argument("--strategy", choices=TRAINABLE, default=_served_strategy(d.strategy),
                    help="what is trained: the scorer for keyb2/keyb2-blocks/maxp/firstp, the aggregator for parade-* and keyb2-blocks-attn, "
-                        "the head (and the graph's learned part) for cedr-knrm/cedr-drmm/cedr-pacrr/model1, encoder frozen")
+                        "the head (and the graph's learned part) for cedr-knrm/cedr-drmm/cedr-pacrr/model1, encoder frozen; "
+                        "by default the strategy the service serves (KEYRANK_DEFAULT_STRATEGY)")
+    p.add_argument("--readers", nargs="+", default=list(READERS), metavar="STRATEGY",
+                   help="after training, rank the dev queries with the new scorer by each of these and write the best one as "
+                        "its serving settings (keyrank-serving.env beside the checkpoint, gateway/serving.env of out/prepared), "
+                        "which `keyrank prepare` carries and `keyrank serve` reads; 'none' = measure none, write none")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
@@ -112,8 +128,19 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         freeze_encoder=not args.train_encoder, seed=args.seed, checkpoint_every=args.checkpoint_every,
         stop_after_steps=args.stop_after_steps, resume=not args.restart,
         dev_max_queries=args.dev_max_queries, threads=args.threads, device=args.device, progress=not args.no_progress,
-        settings=settings,
+        settings=settings, readers=_readers(args.readers),
     )
+
+
+def _readers(names: list[str]) -> tuple[str, ...]:
+    """``--readers``: strategy names (commas allowed), or none."""
+    chosen = tuple(n for value in names for n in value.split(",") if n)
+    if chosen in ((), ("none",)):
+        return ()
+    unknown = [n for n in chosen if n not in STRATEGIES]
+    if unknown:
+        raise SystemExit(f"keyrank finetune: --readers: unknown strategy {', '.join(unknown)} (one of {', '.join(STRATEGIES)})")
+    return chosen
 
 
 def install_aggregator(path: Path, model_dir: Path) -> Path:
@@ -155,7 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stopped early as asked; run the same command again to continue from {result.out / 'state'}", file=sys.stderr)
     print(json.dumps({"out": str(result.out), "model_dir": str(result.model_dir) if result.model_dir else None,
                       "aggregator": str(result.aggregator) if result.aggregator else None, "dev_before": result.dev_before,
-                      "history": result.history, "best_epoch": result.best_epoch}, indent=2))
+                      "history": result.history, "best_epoch": result.best_epoch, "readers": result.readers}, indent=2))
+    if result.readers:
+        from keyrank.training.readers import markdown
+
+        print(markdown(result.readers) + f"\n\nserved by default: {result.readers['best']} (written to "
+              f"{result.model_dir}/keyrank-serving.env and {result.out}/prepared/gateway/serving.env)", file=sys.stderr)
     if args.install_into is not None:
         if result.aggregator is None:
             print("--install-into: this run trained no aggregator", file=sys.stderr)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from keyrank.training import interaction
+from keyrank.training import interaction, readers
 from keyrank.training.cache import PooledVectors, TeacherScores
 from keyrank.training.outputs import check_export, write_outputs, write_report
 from keyrank.training.planned import PlannedQuery, epoch_groups, plan_all, planning_strategy, training_request
@@ -91,6 +91,9 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     timings["train_s"] = time.perf_counter() - started
     if result.best_epoch is not None and (result.model_dir or result.aggregator):
         check_export(run, result, timings)
+        started = time.perf_counter()
+        result.readers = readers.measure(run, result, dev, tuple(c.readers), run.out / "prepared")
+        timings["readers_s"] = time.perf_counter() - started
     result.finished = True
     write_report(run, result, timings, len(train), len(dev))
     return result

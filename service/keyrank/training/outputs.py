@@ -63,7 +63,7 @@ def write_report(run: TrainingRun, result: FinetuneResult, timings: dict, n_trai
         "dev_queries": n_dev, "dev_before": result.dev_before, "history": result.history, "best_epoch": result.best_epoch,
         "model_dir": str(result.model_dir) if result.model_dir else None,
         "aggregator": str(result.aggregator) if result.aggregator else None,
-        "finished": result.finished, "timings": {k: (v if "diff" in k else round(v, 1)) for k, v in timings.items()},
+        "readers": result.readers, "finished": result.finished, "timings": {k: (v if "diff" in k else round(v, 1)) for k, v in timings.items()},
         "device": str(run.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
     (run.out / "training.json").write_text(json.dumps(report, indent=2) + "\n")

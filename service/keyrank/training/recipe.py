@@ -20,6 +20,10 @@ from keyrank.tokenize import TextTokenizer
 from keyrank.training import splits
 
 LOSSES = ("listwise", "hinge")
+READERS = ("keyb2-blocks", "keyb2", "maxp", "parade-avg")
+"""The readers `keyrank finetune` measures the new scorer with (training/readers.py): the default, its
+one-input-per-document sibling, and the windows read whole (max, and PARADE's mean of pooled vectors). The first
+wins a tie."""
 """Ranking losses ``keyrank finetune --loss`` accepts (losses.py computes them; named here, where the parser
 reads them without PyTorch)."""
 
@@ -105,6 +109,9 @@ class FinetuneConfig:
     """Continue from state/latest.pt when it exists."""
     dev_max_queries: int | None = 40
     """Dev queries scored after each epoch (a fixed hash-ordered subset; None = all)."""
+    readers: tuple[str, ...] = ()
+    """After training, the readers whose dev metrics with the new scorer choose how it is served (training/readers.py;
+    `keyrank finetune` measures READERS; empty = none measured, no serving settings written)."""
     threads: int | None = None
     """torch CPU threads (None = the cores this process may use)."""
     device: str | None = None

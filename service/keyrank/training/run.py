@@ -41,6 +41,8 @@ class FinetuneResult:
     """The epoch whose weights were written (by the first dev measure)."""
     finished: bool = False
     """False when ``stop_after_steps`` ended this invocation early (run it again to continue)."""
+    readers: dict | None = None
+    """Dev metrics of each reader with the fine-tuned scorer and the one its serving settings name (readers.py)."""
 
 
 class TrainingRun:

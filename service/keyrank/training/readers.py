@@ -1,0 +1,83 @@
+"""After fine-tuning, which reader serves the new scorer best: each of ``READERS`` ranks the run's dev queries with
+the fine-tuned checkpoint as it will be served (prepared, in-process), and the best by dev nDCG@10 is written
+beside the checkpoint as its serving settings (``keyrank-serving.env``), which `keyrank prepare` carries into the
+prepared folder and `keyrank serve` reads under the environment (keyrank/config.py, ``serving_defaults``).
+
+A fine-tuned scorer moves the readers apart: the windows gain more than keyb2-blocks from the same training
+(docs/TRAINING.md), so the service must not keep serving a reader the run measured worse on dev.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from keyrank.config import SERVING_FILE, variable
+from keyrank.data.runs import per_query
+from keyrank.prepare.export import CHECKPOINT_SERVING_FILE
+from keyrank.strategies import REGISTRY
+from keyrank.training.planned import PlannedQuery
+from keyrank.training.recipe import READERS  # noqa: F401 -- the readers `keyrank finetune` measures
+from keyrank.training.run import DEV_MEASURES, FinetuneResult, TrainingRun
+
+def measure(run: TrainingRun, result: FinetuneResult, dev: list[PlannedQuery], readers: tuple[str, ...],
+            prepared: Path) -> dict | None:
+    """Dev nDCG@10 (and RR@10, model tokens per query) of each reader with the checkpoint prepared in ``prepared``;
+    writes the best one's settings beside the checkpoint and into ``prepared``. None when there is nothing to
+    measure (no checkpoint, no dev queries, no readers)."""
+    from keyrank.data.runs import QueryRun
+    from keyrank.reranker import Reranker
+
+    if result.model_dir is None or not dev or not readers:
+        return None
+    queries = [planned.judged.as_eval_query() for planned in dev]
+    selector = run.config.selector or "bm25"
+    reranker = Reranker.local(settings=run.settings.with_overrides(model_dir=prepared), threads=run.config.threads or 0)
+    table: dict[str, dict] = {}
+    try:
+        for strategy in readers:
+            chosen = selector if REGISTRY[strategy].needs_selector else None
+            runs, tokens = [], []
+            for query in queries:  # each ranked as a request would be, every candidate returned
+                texts = [c.text for c in query.candidates]
+                ranking = reranker.rank(query.query, texts, strategy=strategy, selector=chosen, top_n=len(texts))
+                runs.append(QueryRun(query.qid, strategy, {query.candidates[r.index].doc_id: float(r.score) for r in ranking.results}))
+                tokens.append(ranking.usage.scored_tokens)
+            values = per_query(queries, runs, DEV_MEASURES)
+            table[strategy] = {m: round(float(np.mean([v[m] for v in values.values()])), 4) for m in DEV_MEASURES}
+            table[strategy]["tokens_per_query"] = round(float(np.mean(tokens)))
+            _log(f"dev with the new scorer, {strategy}: {table[strategy]}")
+    finally:
+        reranker.close()
+    first = DEV_MEASURES[0]
+    best = max(readers, key=lambda s: (table[s][first], -readers.index(s)))
+    chosen = {"default_strategy": best, "default_selector": selector}
+    text = serving_file(chosen, table, len(queries))
+    (result.model_dir / CHECKPOINT_SERVING_FILE).write_text(text)
+    (prepared / "gateway" / SERVING_FILE).write_text(text)
+    return {"dev_queries": len(queries), "readers": table, "best": best, "settings": chosen}
+
+
+def serving_file(chosen: dict[str, str], table: dict[str, dict], n: int) -> str:
+    """``KEYRANK_*=value`` lines, after comments that say what they rest on."""
+    measured = ", ".join(f"{s} {row[DEV_MEASURES[0]]:.4f}" for s, row in table.items())
+    lines = [f"# keyrank finetune, {datetime.date.today().isoformat()}: dev {DEV_MEASURES[0]} of this scorer per reader "
+             f"({n} dev queries): {measured}",
+             "# the best is served by default; a KEYRANK_* variable of the environment overrides it"]
+    return "\n".join(lines + [f"{variable(k)}={v}" for k, v in chosen.items()]) + "\n"
+
+
+def markdown(readers: dict) -> str:
+    """The report's closing table."""
+    rows = [f"| {s}{' (served)' if s == readers['best'] else ''} | {row[DEV_MEASURES[0]]:.4f} | {row[DEV_MEASURES[1]]:.4f} "
+            f"| {row['tokens_per_query']:,} |" for s, row in readers["readers"].items()]
+    return "\n".join([f"dev ({readers['dev_queries']} queries), the fine-tuned scorer:", "",
+                      f"| reader | {DEV_MEASURES[0]} | {DEV_MEASURES[1]} | model tokens / query |", "| --- | ---: | ---: | ---: |",
+                      *rows])
+
+
+def _log(message: str) -> None:
+    print(f"[finetune] {message}", file=sys.stderr, flush=True)
