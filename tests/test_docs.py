@@ -1,6 +1,6 @@
 """The docs are written from the code or checked against it, so they cannot drift:
 
-- docs/CONFIGURATION.md is ``keyrank.config.markdown_table()`` (every ``Settings`` field) and names no
+- docs/CONFIGURATION.md is ``keyrank.config_docs.markdown_table()`` (every ``Settings`` field) and names no
   variable that does not exist;
 - docs/GUIDE.md's command table has one row per subcommand;
 - docs/GUIDE.md's Python example and the README's requests are run, and what they print or answer is what
@@ -22,7 +22,8 @@ import pytest
 from prepared_variants import as_variant
 from shared_data import REPO, SHARED
 
-from keyrank.config import OTHER_VARIABLES, Settings, markdown_table, other_variables_table, variable
+from keyrank.config import Settings, variable
+from keyrank.config_docs import OTHER_VARIABLES, markdown_table, other_variables_table
 
 CONFIGURATION = REPO / "docs" / "CONFIGURATION.md"
 GUIDE = REPO / "docs" / "GUIDE.md"
@@ -38,7 +39,7 @@ TEST_HOOKS = {"KEYRANK_EMBEDDED_FAULT_FILE"}
 
 def test_configuration_documents_every_setting_as_the_code_describes_it():
     text = CONFIGURATION.read_text()
-    assert markdown_table() in text, "docs/CONFIGURATION.md is not keyrank.config.markdown_table(): paste it in again"
+    assert markdown_table() in text, "docs/CONFIGURATION.md is not keyrank.config_docs.markdown_table(): paste it in again"
     assert other_variables_table() in text
     for name, field in Settings.model_fields.items():
         assert field.description, f"Settings.{name} has no description: it is its line in docs/CONFIGURATION.md"
