@@ -359,3 +359,26 @@ def test_readme_selector_table_is_the_registry():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert markdown_table() in readme
+
+
+def test_whether_a_trained_part_is_installed_is_one_rule_that_resolution_follows(counting, tmp_path):
+    cedr = REGISTRY["cedr-knrm"]
+    assert cedr.missing_parts(None) == list(cedr.trained_parts) and REGISTRY["maxp"].missing_parts(None) == []
+    (tmp_path / "cedr-knrm.onnx").write_bytes(b"")
+    assert cedr.missing_parts(tmp_path) == ["cedr-knrm-features.onnx"]  # a head without its graph is not installed
+    from keyrank.errors import InvalidRequest
+    from keyrank.pipeline import Pipeline
+
+    bare = Pipeline(counting.tokenizer, counting.template, counting.settings, gateway_dir=tmp_path)
+    with pytest.raises(InvalidRequest, match=r"needs its trained part \(cedr-knrm-features.onnx\)"):
+        bare.resolve(RerankOptions(strategy="cedr-knrm"))
+
+
+def test_what_each_document_read_is_worked_out_once_and_answered_as_the_plan_says(counting):
+    short, long = "the quiet river ran past an old mill.", _doc(counting, [0] * 20)
+    plan = counting.pipeline.plan("where is the mill", [short, long], RerankOptions(strategy="firstp"))
+    assert plan.coverage is plan.coverage and plan.truncated == [False, True]
+    results, usage = counting.fold(plan, np.zeros(len(plan.inputs), np.float32), None)
+    by_index = sorted(results, key=lambda r: r.index)
+    assert [r.truncated for r in by_index] == plan.truncated and usage.truncated_documents == 1
+    assert [(r.read_tokens, r.document_tokens) for r in by_index] == plan.coverage

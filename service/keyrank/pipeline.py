@@ -123,6 +123,7 @@ class Plan(Cut):
     """What each sequence holds of its document, grouped by document."""
     inputs: ModelInputs = field(default_factory=lambda: ModelInputs([], []))
     """The sequences, framed by the model's template."""
+    _coverage: list[tuple[int, int]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def doc_of(self) -> np.ndarray:
@@ -134,11 +135,13 @@ class Plan(Cut):
         """Per document: (tokens the model read, tokens the document has). Read = the union of its
         passages' token ranges (keyb2: the selected blocks; windowed: every window scored; firstp: the
         prefix); has = the whole text, before ``max_tokens_per_doc``."""
-        read = [np.zeros(len(d), dtype=bool) for d in self.docs]
-        for p in self.passages:
-            for a, b in zip(p.starts.tolist(), p.ends.tolist()):
-                read[p.doc][a:b] = True
-        return [(int(mask.sum()), d.total_tokens) for mask, d in zip(read, self.docs)]
+        if self._coverage is None:  # worked out once: the answer, its usage and the metrics all read it
+            read = [np.zeros(len(d), dtype=bool) for d in self.docs]
+            for p in self.passages:
+                for a, b in zip(p.starts.tolist(), p.ends.tolist()):
+                    read[p.doc][a:b] = True
+            self._coverage = [(int(mask.sum()), d.total_tokens) for mask, d in zip(read, self.docs)]
+        return self._coverage
 
     @property
     def truncated(self) -> list[bool]:

@@ -74,7 +74,7 @@ class Reranker:
         """Where sequences are scored."""
         self.graphs: tuple[str, ...] = tuple(
             name for name, spec in REGISTRY.items()
-            if spec.features and hasattr(scorer, "with_graph") and all((gateway / p).exists() for p in spec.trained_parts))
+            if spec.features and hasattr(scorer, "with_graph") and not spec.missing_parts(gateway))
         """The interaction strategies (CEDR, Model 1) installed when it started: ``ready`` waits on each one's graph."""
         self._embedded: Any = None
         self._loop: _LoopThread | None = None
@@ -161,8 +161,7 @@ class Reranker:
             if plan.resolved.selector is not None and self.settings.keyb2_fusion_weight:
                 fused = fused_with_selector(folded.scores, plan.block_scores, self.settings.keyb2_fusion_weight)
                 folded = Aggregated(fused, folded.best)
-            coverage = plan.coverage
-            truncated = [read < total for read, total in coverage]
+            coverage, truncated = plan.coverage, plan.truncated
             results = [
                 RankedDocument(i, float(folded.scores[i]), _evidence(docs[i], passages[folded.best[i]]), truncated[i], *coverage[i])
                 for i in range(len(docs))

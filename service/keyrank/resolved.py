@@ -102,7 +102,7 @@ def resolve(options: RerankOptions, settings: Settings, template: InputTemplate,
         if selector.bi_encoder and (gateway_dir is None or not (gateway_dir / "bi_encoder").is_dir()):
             raise InvalidRequest(f"the {name} selector's bi-encoder was not prepared (keyrank prepare without --no-bi-encoder)",
                                  field="selector")
-    missing = [p for p in spec.trained_parts if gateway_dir is None or not (gateway_dir / p).exists()]
+    missing = spec.missing_parts(gateway_dir)
     if missing:
         raise InvalidRequest(
             f"strategy {strategy!r} needs its trained part ({', '.join(missing)}); train it with "

@@ -14,6 +14,7 @@ aggregation (aggregate.py). Adding a strategy is one row here, plus a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from keyrank.names import STRATEGIES
 from keyrank.strategies.passage import Passage
@@ -57,6 +58,11 @@ class StrategySpec:
     def windowed(self) -> bool:
         """Several sequences per document, each a window of it."""
         return self.cut.windowed
+
+    def missing_parts(self, gateway_dir: Path | None) -> list[str]:
+        """Its trained parts that are not installed in ``gateway_dir`` (a prepared model's gateway/; None: no
+        model folder, so every one): the one test of whether this strategy can be served."""
+        return [part for part in self.trained_parts if gateway_dir is None or not (gateway_dir / part).exists()]
 
 
 REGISTRY: dict[str, StrategySpec] = {
