@@ -123,14 +123,14 @@ def test_the_served_bm25_selector_scores_exactly_the_blocks_the_pipeline_cut(pre
     docs = ["The remote control budget is 12.50 euros. " * 6 + "Lunch was fine. " * 30,
             "We talked about the weather and lunch. " * 20 + "A remote for the television. " * 3]
     for _ in range(2):  # the second time from the cache when it is on
-        cut = pipeline.cut(query, docs, RerankOptions(strategy="keyb2", selector="bm25"))
-        served = pipeline.selector("bm25").score(query, cut.query, cut.docs, cut.pieces)
-        blocks = [d.ids[a:b] for d, sp in zip(cut.docs, cut.pieces) for a, b in zip(sp.starts, sp.ends)]
+        segmented = pipeline.start(query, docs, RerankOptions(strategy="keyb2", selector="bm25"))
+        served = pipeline.block_selector("bm25").score(query, segmented.query, segmented.docs, segmented.pieces)
+        blocks = [d.ids[a:b] for d, sp in zip(segmented.docs, segmented.pieces) for a, b in zip(sp.starts, sp.ends)]
         flat = block_terms(blocks, pipeline.is_term)
-        expected = bm25_scores(cut.query.ids[pipeline.is_term[cut.query.ids]], flat, k1=0.9, b=0.4,
+        expected = bm25_scores(segmented.query.ids[pipeline.is_term[segmented.query.ids]], flat, k1=0.9, b=0.4,
                                idf_table=general_table(pipeline.tokenizer) if source == "general" else None,
-                               per_document=None if source == "request" else [len(sp) for sp in cut.pieces])
+                               per_document=None if source == "request" else [len(sp) for sp in segmented.pieces])
         np.testing.assert_array_equal(np.concatenate(served), expected)
-        assert [len(s) for s in served] == [len(sp) for sp in cut.pieces]
+        assert [len(s) for s in served] == [len(sp) for sp in segmented.pieces]
     best_doc0 = int(np.argmax(served[0]))
-    assert "remote control budget" in cut.docs[0].text[slice(*cut.docs[0].char_span(cut.pieces[0].starts[best_doc0], cut.pieces[0].ends[best_doc0]))]
+    assert "remote control budget" in segmented.docs[0].text[slice(*segmented.docs[0].char_span(segmented.pieces[0].starts[best_doc0], segmented.pieces[0].ends[best_doc0]))]

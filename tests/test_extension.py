@@ -99,12 +99,12 @@ def test_a_new_selector_is_one_module_and_one_selector_row(reranker, monkeypatch
     (result,) = ranking.results
     assert result.truncated  # 40 of ~250 tokens read ...
     assert "zebras jump" in " ".join(doc[e.start:e.end] for e in result.evidence)  # ... around the varied sentence
-    built = reranker.pipeline.selector("richest")
-    assert built is reranker.pipeline.selector("richest")  # built once per pipeline, kept
+    built = reranker.pipeline.block_selector("richest")
+    assert built is reranker.pipeline.block_selector("richest")  # built once per pipeline, kept
     assert built.built_with.settings is reranker.settings
 
 
 def test_the_hybrid_selector_shares_the_pipelines_bm25_selector(prepared_models):
     pipeline = Reranker(Settings(model_dir=prepared_models), scorer=LengthScorer()).pipeline
-    hybrid = pipeline.selector("hybrid")
-    assert hybrid.lexical is pipeline.selector("bm25") and hybrid.dense is pipeline.selector("dense")
+    hybrid = pipeline.block_selector("hybrid")
+    assert hybrid.lexical is pipeline.block_selector("bm25") and hybrid.dense is pipeline.block_selector("dense")

@@ -148,12 +148,12 @@ def test_keyrank_idf_writes_scikit_learns_smoothed_idf_and_the_served_path_reads
         assert table[token] == pytest.approx(idf, abs=1e-6)
 
     assert pipeline.settings.bm25_idf == "table"  # KEYRANK_BM25_IDF_TABLE alone selects the table, as before
-    cut = pipeline.cut(QUERY, [TARGET, *OTHERS_A], RerankOptions(strategy="keyb2", selector="bm25"))
-    served = np.concatenate(pipeline.selector("bm25").score(QUERY, cut.query, cut.docs, cut.pieces))
-    flat = block_terms([d.ids[a:b] for d, sp in zip(cut.docs, cut.pieces) for a, b in zip(sp.starts, sp.ends)], pipeline.is_term)
+    segmented = pipeline.start(QUERY, [TARGET, *OTHERS_A], RerankOptions(strategy="keyb2", selector="bm25"))
+    served = np.concatenate(pipeline.block_selector("bm25").score(QUERY, segmented.query, segmented.docs, segmented.pieces))
+    flat = block_terms([d.ids[a:b] for d, sp in zip(segmented.docs, segmented.pieces) for a, b in zip(sp.starts, sp.ends)], pipeline.is_term)
     lookup = IdfTable({TOKENIZER.token_to_id(t): v for t, v in table.items()}, default=max(table.values()))
-    query = cut.query.ids[pipeline.is_term[cut.query.ids]]
-    np.testing.assert_array_equal(served, bm25_scores(query, flat, idf_table=lookup, per_document=[len(p) for p in cut.pieces]))
+    query = segmented.query.ids[pipeline.is_term[segmented.query.ids]]
+    np.testing.assert_array_equal(served, bm25_scores(query, flat, idf_table=lookup, per_document=[len(p) for p in segmented.pieces]))
 
 
 def test_keyrank_idf_names_a_bad_line(tmp_path, prepared_models):

@@ -159,7 +159,7 @@ def test_keyb2_blocks_reads_each_best_block_alone_and_folds_with_log_sum_exp(cou
     alone = _counting_with(counting, keyb2_blocks=8, keyb2_blocks_span=1)
     score, lengths = _score(alone, "keyb2-blocks", doc)
     counts = _marker_counts(alone)
-    blocks = len(counting.pipeline.cut("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])
+    blocks = len(counting.pipeline.start("where is the mill", [doc], RerankOptions(strategy="keyb2-blocks")).pieces[0])
     assert len(lengths) == min(8, blocks) and max(lengths) <= 8 + 3 + 12  # query + frame + one block
     assert sorted(counts)[-2:] == [1, 3] and score == pytest.approx(_lse(counts)) and 3 < score < 3.5
     one = _counting_with(counting, keyb2_blocks=1)

@@ -35,8 +35,8 @@ def main() -> None:
         texts = [c.text for c in query.candidates]
         rankings = {}
         # The blocks every selector scores: segmentation does not depend on the selector.
-        cut = rerankers["onnxruntime"].pipeline.cut(query.query, texts, RerankOptions(strategy="keyb2-blocks", selector="bm25"))
-        blocks = sum(len(p) for p in cut.pieces)
+        segmented = rerankers["onnxruntime"].pipeline.start(query.query, texts, RerankOptions(strategy="keyb2-blocks", selector="bm25"))
+        blocks = sum(len(p) for p in segmented.pieces)
         for r in (runtimes if i % 2 == 0 else runtimes[::-1]):
             ranking = rerankers[r].rank(query.query, texts, strategy="keyb2-blocks", selector="dense")
             rankings[r] = ranking
@@ -47,7 +47,7 @@ def main() -> None:
         same_order += [x.index for x in rankings["onnxruntime"].results] == [x.index for x in rankings["openvino"].results]
     for r in runtimes:
         print(f"{r}: select median {statistics.median(select_ms[r]):.0f} ms a query, "
-              f"{statistics.median(blocks_per_s[r]):.0f} blocks/s ({rerankers[r].pipeline.selector('dense').precision})")
+              f"{statistics.median(blocks_per_s[r]):.0f} blocks/s ({rerankers[r].pipeline.block_selector('dense').precision})")
     print(f"openvino / onnxruntime: {statistics.median(select_ms['onnxruntime']) / statistics.median(select_ms['openvino']):.2f}x; "
           f"max |document score difference| {max(differences):.4f}; same order in {same_order} of {len(queries)} queries")
 

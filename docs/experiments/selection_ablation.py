@@ -72,7 +72,7 @@ def block_scores(pipeline: Pipeline, query: EvalQuery, selectors: Sequence[str])
     pieces = pipeline.segment(docs, resolved, fits)
     scores = {}
     for selector in {"bm25", "dense"} & set(selectors) | ({"bm25", "dense"} if "hybrid" in selectors else set()):
-        scores[selector] = pipeline.selector(selector).score(query.query, query_enc, docs, pieces)
+        scores[selector] = pipeline.block_selector(selector).score(query.query, query_enc, docs, pieces)
     if "hybrid" in selectors:
         scores["hybrid"] = hybrid_scores(scores["bm25"], scores["dense"], k=pipeline.settings.hybrid_rrf_k)
     return query_enc, docs, fits, pieces, scores

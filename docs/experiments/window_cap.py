@@ -34,7 +34,7 @@ def score(args) -> None:
     pipeline = reranker.pipeline
     queries = tasks.build(args.task, Path(args.datasets), pipeline.tokenizer, split=args.split, seed=args.seed,
                           dl20_topics=args.dl20_topics)
-    bm25 = pipeline.selector("bm25")
+    bm25 = pipeline.block_selector("bm25")
     out, start = [], time.time()
     for i, q in enumerate(queries):
         # Every window (the service's cap, 64, is more than any document of these splits has), by the model and BM25.

@@ -4,15 +4,15 @@
 
 One plan, split only where serving must await the model:
 
-    Pipeline.resolve(...)  the request's options, decided once -> Resolved
-    Pipeline.cut(...)      tokenize, segment, CPU selectors   -> Cut
+    Pipeline.resolve(...)       the request's options, decided once -> Resolved
+    Pipeline.start(...)         tokenize, segment, CPU selectors   -> Segmented
     (the cross selector's block logits, scored by the caller)
-    Pipeline.finish(cut)   assemble, frame with the template   -> Plan
+    Pipeline.finish(segmented)  assemble, frame with the template   -> Plan
 
 ``Pipeline.plan`` is the two run back to back (with a synchronous
 ``cross_scorer`` for the cross selector). How a document is cut and assembled
 is its strategy's cut object (strategies/cuts.py); how blocks are scored is the
-selector object this pipeline built (select/). ``Reranker.arank`` runs ``cut`` and
+block selector this pipeline built (select/). ``Reranker.arank`` runs ``start`` and
 ``finish`` on a worker thread and awaits the scorer between them; ``keyrank
 bench`` and ``keyrank finetune`` call ``plan``. There is no other code path
 that builds model inputs, so what is trained, measured and served cannot
@@ -52,7 +52,7 @@ ANCHOR_MIN_IDF = 3.5
 it): "why" (4.0), "does" (4.4) and every content word are; "what" (3.0), "who" (3.1), "how" (3.3) and the
 function words are not. Chosen on dev with ``keyb2_blocks_lead`` (docs/EXPERIMENTS.md, 2026-11-27)."""
 
-__all__ = ["Cut", "Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "check_served_defaults", "load_template"]
+__all__ = ["Pipeline", "Plan", "RerankOptions", "Resolved", "StageTimer", "check_served_defaults", "load_template"]
 
 
 class StageTimer:
@@ -81,8 +81,8 @@ class StageTimer:
 
 
 @dataclass(slots=True)
-class Cut:
-    """A request after tokenize, segment and (CPU) select: the first half of its plan."""
+class Segmented:
+    """A request after tokenize, segment and (CPU) select: the first half of its plan (``Pipeline.start``)."""
 
     query: Encoded
     """The query's tokens (after the query cap)."""
@@ -105,19 +105,14 @@ class Cut:
         return self.resolved.spec
 
     @property
-    def selector(self) -> str | None:
-        """The block selector's name (strategies that select), else None."""
-        return self.resolved.selector_name
-
-    @property
     def awaits_model(self) -> bool:
         """The cross selector's block logits must be scored before ``Pipeline.finish``."""
         return len(self.selector_inputs) > 0 and not self.block_scores
 
 
 @dataclass(slots=True)
-class Plan(Cut):
-    """A finished ``Cut``: what to score for one request, and how the scores map back."""
+class Plan(Segmented):
+    """A finished ``Segmented``: what to score for one request, and how the scores map back."""
 
     passages: list[Passage] = field(default_factory=list)
     """What each sequence holds of its document, grouped by document."""
@@ -175,14 +170,14 @@ class Pipeline:
         is_term[[i for i in template.special_ids if i < is_term.shape[0]]] = False
         self.is_term = is_term
         """bool [vocab]: which token ids are BM25 terms (what ``keyrank idf`` counts, too)."""
-        self._selector_context = SelectorContext(settings, tokenizer, is_term, self.documents, gateway_dir, self.selector)
+        self._selector_context = SelectorContext(settings, tokenizer, is_term, self.documents, gateway_dir, self.block_selector)
         self._selectors: dict[str, BlockSelector] = {}
         self._selectors_lock = threading.RLock()  # hybrid builds bm25 and dense while building itself
         # Build the CPU selectors that load nothing now (BM25's IDF table), not in the first request; and compile
         # (or load from numba's cache) the segmentation DP.
         for spec in SELECTOR_REGISTRY.values():
             if spec.scored_by == "gateway" and not spec.bi_encoder:
-                self.selector(spec.name)
+                self.block_selector(spec.name)
         blocks(tokenizer.encode_documents(["Warm up. The first request should not pay for this."])[0], self.break_costs)
 
     @classmethod
@@ -215,7 +210,7 @@ class Pipeline:
         return resolved.spec.cut.segment(docs, budget, resolved.max_windows, self.cuts)
 
     # --- 3. select ------------------------------------------------------------------------
-    def selector(self, name: str) -> BlockSelector:
+    def block_selector(self, name: str) -> BlockSelector:
         """The gateway selector ``name``, built on first use and kept (it owns its IDF table, its encoder)."""
         with self._selectors_lock:
             if name not in self._selectors:
@@ -227,11 +222,12 @@ class Pipeline:
         return self.inputs(query, docs, [p for i, sp in enumerate(pieces) for p in window_passages(i, sp)])
 
     # --- 4. assemble ----------------------------------------------------------------------
-    def assemble(self, cut: Cut) -> list[Passage]:
+    def assemble(self, segmented: Segmented) -> list[Passage]:
         """The passages each document contributes, grouped by document (the strategy's cut)."""
-        r = cut.resolved
-        terms = {"anchors": self.anchors(cut.query)} if r.spec.cut.reads_query_terms else {}
-        return r.spec.cut.assemble(cut.docs, cut.pieces, cut.block_scores, cut.budget, r.settings, r.selector, **terms)
+        resolved, cut = segmented.resolved, segmented.spec.cut
+        terms = {"anchors": self.anchors(segmented.query)} if cut.reads_query_terms else {}
+        return cut.assemble(segmented.docs, segmented.pieces, segmented.block_scores, segmented.budget, resolved.settings,
+                            resolved.selector, **terms)
 
     def anchors(self, query: Encoded) -> np.ndarray:
         """The query's rare terms: its BM25 term ids whose IDF in the general table (select/idf.py) is at least
@@ -250,10 +246,10 @@ class Pipeline:
             return options
         return resolve(options, self.settings, self.template, self.gateway_dir)
 
-    def cut(self, query: str, documents: Sequence[str], options: RerankOptions | Resolved = RerankOptions(),
-            timer: StageTimer | None = None) -> Cut:
+    def start(self, query: str, documents: Sequence[str], options: RerankOptions | Resolved = RerankOptions(),
+              timer: StageTimer | None = None) -> Segmented:
         """The plan's first half: tokenize, segment, and score blocks with a CPU selector. For the cross
-        selector, ``Cut.selector_inputs`` holds what the model must score before ``finish``."""
+        selector, ``Segmented.selector_inputs`` holds what the model must score before ``finish``."""
         timer = timer or StageTimer()
         resolved = self.resolve(options)
         selector = resolved.selector
@@ -264,7 +260,7 @@ class Pipeline:
             pieces = self.segment(docs, resolved, budget)
         if picker := resolved.spec.cut.capped(pieces, resolved.settings, resolved.max_windows):
             with timer.stage("select"):  # past the cap, the best windows by BM25 (segment.best_pieces)
-                window_scores = self.selector(picker).score(query, query_enc, docs, pieces)
+                window_scores = self.block_selector(picker).score(query, query_enc, docs, pieces)
                 pieces = [best_pieces(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, window_scores)]
         scores: list[np.ndarray] = []
         selector_inputs = ModelInputs([], [])
@@ -275,23 +271,23 @@ class Pipeline:
                     if not len(selector_inputs):  # no document has a block: nothing to await
                         scores = [np.zeros(0) for _ in pieces]
                 else:
-                    scores = self.selector(selector.name).score(query, query_enc, docs, pieces)
-        return Cut(query_enc, docs, resolved, budget, pieces, scores, selector_inputs)
+                    scores = self.block_selector(selector.name).score(query, query_enc, docs, pieces)
+        return Segmented(query_enc, docs, resolved, budget, pieces, scores, selector_inputs)
 
-    def finish(self, cut: Cut, selector_logits: np.ndarray | None = None, timer: StageTimer | None = None) -> Plan:
+    def finish(self, segmented: Segmented, selector_logits: np.ndarray | None = None, timer: StageTimer | None = None) -> Plan:
         """The plan's second half: assemble each document's passages and frame them with the template.
-        ``selector_logits``: the cross selector's scores of ``cut.selector_inputs``, in their order."""
+        ``selector_logits``: the cross selector's scores of ``segmented.selector_inputs``, in their order."""
         timer = timer or StageTimer()
-        if cut.awaits_model:
+        if segmented.awaits_model:
             if selector_logits is None:
-                raise ValueError("the cross selector scores blocks with the model: pass its logits of cut.selector_inputs")
+                raise ValueError("the cross selector scores blocks with the model: pass its logits of segmented.selector_inputs")
             logits = np.asarray(selector_logits, np.float64)
-            cut.block_scores = per_document(logits, cut.pieces)
+            segmented.block_scores = per_document(logits, segmented.pieces)
         with timer.stage("assemble"):
-            passages = self.assemble(cut)
-            inputs = self.inputs(cut.query, cut.docs, passages)
-        return Plan(cut.query, cut.docs, cut.resolved, cut.budget, cut.pieces, cut.block_scores, cut.selector_inputs,
-                    passages, inputs)
+            passages = self.assemble(segmented)
+            inputs = self.inputs(segmented.query, segmented.docs, passages)
+        return Plan(segmented.query, segmented.docs, segmented.resolved, segmented.budget, segmented.pieces,
+                    segmented.block_scores, segmented.selector_inputs, passages, inputs)
 
     def plan(
         self,
@@ -302,17 +298,17 @@ class Pipeline:
         cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None,
         timer: StageTimer | None = None,
     ) -> Plan:
-        """Every CPU stage in order: ``cut`` then ``finish``. The cross selector needs ``cross_scorer``
-        (block logits of ``Cut.selector_inputs``), which a synchronous caller supplies."""
+        """Every CPU stage in order: ``start`` then ``finish``. The cross selector needs ``cross_scorer``
+        (block logits of ``Segmented.selector_inputs``), which a synchronous caller supplies."""
         timer = timer or StageTimer()
-        cut = self.cut(query, documents, options, timer)
+        segmented = self.start(query, documents, options, timer)
         logits = None
-        if cut.awaits_model:
+        if segmented.awaits_model:
             if cross_scorer is None:
                 raise ValueError("the cross selector scores blocks with the model: pass cross_scorer")
             with timer.stage("select"):
-                logits = cross_scorer(cut.selector_inputs)
-        return self.finish(cut, logits, timer)
+                logits = cross_scorer(segmented.selector_inputs)
+        return self.finish(segmented, logits, timer)
 
 
 def load_template(manifest: dict, gateway: Path) -> InputTemplate:

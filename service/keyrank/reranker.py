@@ -2,7 +2,7 @@
 
     tokenize -> segment -> select (keyb2) -> assemble -> infer (Scorer) -> aggregate
 
-The CPU stages are pipeline.py's one plan (``cut`` / ``finish``, shared with
+The CPU stages are pipeline.py's one plan (``start`` / ``finish``, shared with
 ``keyrank bench`` and ``keyrank finetune``); scoring is a ``Scorer`` (Triton, or ONNX Runtime
 in-process). Usable without HTTP, as small as sentence-transformers' CrossEncoder::
 
@@ -106,7 +106,7 @@ class Reranker:
         """Rank ``documents`` for ``query``; raises InvalidRequest or ScoringUnavailable.
 
         ``options`` are decided once (``Pipeline.resolve``; a caller that already resolved them, as the HTTP
-        layer does for admission, passes the ``Resolved``). The CPU work is ``Pipeline.cut`` /
+        layer does for admission, passes the ``Resolved``). The CPU work is ``Pipeline.start`` /
         ``Pipeline.finish`` (the one plan ``keyrank finetune`` and ``keyrank bench`` call too) and the fold,
         each on a worker thread; this coroutine only awaits the scorer: once for the cross selector's blocks
         (keyb2/cross), once for the plan's sequences.
@@ -135,20 +135,20 @@ class Reranker:
         deadline = time.monotonic() + resolved.timeout_s
         timer = StageTimer()
 
-        cut = await asyncio.to_thread(p.cut, query, documents, resolved, timer)
-        spec = cut.spec
+        segmented = await asyncio.to_thread(p.start, query, documents, resolved, timer)
+        spec = segmented.spec
         logits = None
-        if cut.awaits_model:
+        if segmented.awaits_model:
             with timer.stage("select"):
-                logits = (await self.scorer.score(cut.selector_inputs, want_pooled=False, deadline=deadline)).logits
-        plan = await asyncio.to_thread(p.finish, cut, logits, timer)
+                logits = (await self.scorer.score(segmented.selector_inputs, want_pooled=False, deadline=deadline)).logits
+        plan = await asyncio.to_thread(p.finish, segmented, logits, timer)
 
         with timer.stage("infer"):
             scores = await self.scorer_for(spec).score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
 
         results, usage = await asyncio.to_thread(self.fold, plan, scores.logits, scores.pooled, timer)
         top = results[: resolved.top_n] if resolved.top_n else results
-        return Ranking(self.model_name, spec.name, plan.selector, top, usage, timer.total())
+        return Ranking(self.model_name, spec.name, resolved.selector_name, top, usage, timer.total())
 
     def fold(self, plan: Plan, logits: np.ndarray, pooled: np.ndarray | None, timer: StageTimer | None = None
              ) -> tuple[list[RankedDocument], Usage]:

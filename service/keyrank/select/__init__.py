@@ -7,7 +7,7 @@ admission's cost estimate, training and the README's table all read it.
 Adding a selector is its own module (a ``build(context)`` returning a
 ``BlockSelector``) and one row here.
 
-A selector is an object built once per pipeline (``Pipeline.selector``) that
+A selector is an object built once per pipeline (``Pipeline.block_selector``) that
 owns its state (an IDF table, an ONNX Runtime session, an embedding cache) and
 is given only what it scores: the query and the documents' blocks. Selectors
 return scores; choosing blocks under the budget is the keyb2 strategy's job.
@@ -56,8 +56,8 @@ class SelectorContext:
     """Blocks' BM25 terms of documents seen before (doc_cache.py)."""
     gateway_dir: Path | None
     """Where the prepared bi-encoder lives (``bi_encoder/``); None: nowhere."""
-    selector: Callable[[str], BlockSelector]
-    """Another selector of the same pipeline, by name (hybrid fuses bm25 and dense)."""
+    block_selector: Callable[[str], BlockSelector]
+    """Another block selector of the same pipeline, by name (hybrid fuses bm25 and dense)."""
 
 
 @dataclass(frozen=True, slots=True)

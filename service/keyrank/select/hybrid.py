@@ -57,8 +57,8 @@ class HybridSelector:
     (the pipeline's own bm25 and dense selectors, so their caches are shared)."""
 
     def __init__(self, context: SelectorContext):
-        self.lexical = context.selector("bm25")
-        self.dense = context.selector("dense")
+        self.lexical = context.block_selector("bm25")
+        self.dense = context.block_selector("dense")
         self.k = context.settings.hybrid_rrf_k
         """The RRF constant (``hybrid_rrf_k``)."""
 
