@@ -382,3 +382,17 @@ def test_what_each_document_read_is_worked_out_once_and_answered_as_the_plan_say
     by_index = sorted(results, key=lambda r: r.index)
     assert [r.truncated for r in by_index] == plan.truncated and usage.truncated_documents == 1
     assert [(r.read_tokens, r.document_tokens) for r in by_index] == plan.coverage
+
+
+def test_a_trainable_row_that_needs_its_trained_part_plans_as_a_row_of_its_cut_that_needs_none():
+    # The registry's trainable and plans_as columns are training's one table of strategies (planned.py reads them).
+    from keyrank.training.planned import TRAINABLE, planning_strategy
+
+    assert TRAINABLE == tuple(name for name, spec in REGISTRY.items() if spec.trainable)
+    for name, spec in REGISTRY.items():
+        assert (spec.plans_as is not None) == (spec.trainable and bool(spec.trained_parts)), name
+        if spec.plans_as is not None:
+            row = REGISTRY[spec.plans_as]
+            assert row.cut is spec.cut and not row.trained_parts and row.plans_as is None, name
+            assert planning_strategy(name) == spec.plans_as
+    assert {planning_strategy(n) for n in ("parade-attn", "parade-transformer", "cedr-knrm", "model1")} == {"parade-max", "avgp"}

@@ -48,6 +48,11 @@ class StrategySpec:
     least_passes: int = 1
     """Blocks cut: the fewest model inputs per document it reads; ``keyb2_passes`` raises it, never lowers it
     (a fold over pooled vectors needs more than one pass to differ from keyb2)."""
+    trainable: bool = False
+    """``keyrank finetune --strategy`` trains it: the scorer on its inputs, or its trained part."""
+    plans_as: str | None = None
+    """A trainable row whose own plan needs the trained part training is about to write: the row of the same cut,
+    needing no trained part, whose plan it trains on (PARADE-Attn: parade-max's windows)."""
 
     @property
     def needs_selector(self) -> bool:
@@ -68,40 +73,41 @@ class StrategySpec:
 REGISTRY: dict[str, StrategySpec] = {
     spec.name: spec
     for spec in (
-        StrategySpec("firstp", PREFIX, "single", summary="the first document tokens that fit; its score"),
-        StrategySpec("maxp", SLIDING, "max", summary="sliding windows; max of window scores"),
+        StrategySpec("firstp", PREFIX, "single", trainable=True, summary="the first document tokens that fit; its score"),
+        StrategySpec("maxp", SLIDING, "max", trainable=True, summary="sliding windows; max of window scores"),
         StrategySpec("sump", SLIDING, "sum", summary="sliding windows; sum of window scores"),
         StrategySpec("avgp", DISJOINT, "mean", summary="disjoint chunks; mean of chunk scores"),
         StrategySpec("parade-max", SLIDING, "parade-max", needs_pooled=True,
                      summary="sliding windows; classifier head on the element-wise max of pooled vectors"),
         StrategySpec("parade-avg", SLIDING, "parade-avg", needs_pooled=True,
                      summary="sliding windows; classifier head on the mean pooled vector"),
-        StrategySpec("parade-attn", SLIDING, "trained", needs_pooled=True, trained_parts=("parade-attn.onnx",),
+        StrategySpec("parade-attn", SLIDING, "trained", trainable=True, plans_as="parade-max", needs_pooled=True,
+                     trained_parts=("parade-attn.onnx",),
                      summary="sliding windows; trained attention over pooled vectors (PARADE-Attn)"),
-        StrategySpec("parade-transformer", SLIDING, "trained", needs_pooled=True,
+        StrategySpec("parade-transformer", SLIDING, "trained", trainable=True, plans_as="parade-max", needs_pooled=True,
                      trained_parts=("parade-transformer.onnx",),
                      summary="sliding windows; trained transformer over pooled vectors (PARADE-Transformer)"),
-        StrategySpec("cedr-knrm", DISJOINT, "trained", needs_pooled=True,
+        StrategySpec("cedr-knrm", DISJOINT, "trained", trainable=True, plans_as="avgp", needs_pooled=True,
                      trained_parts=("cedr-knrm.onnx", "cedr-knrm-features.onnx"), features="cedr-knrm-features.onnx",
                      summary="disjoint chunks; per layer, query token and RBF kernel, the chunks' kernel sums of "
                              "query x document token similarities, added up; trained KNRM head over their logs "
                              "and the mean pooled vector (CEDR-KNRM)"),
-        StrategySpec("cedr-drmm", DISJOINT, "trained", needs_pooled=True,
+        StrategySpec("cedr-drmm", DISJOINT, "trained", trainable=True, plans_as="avgp", needs_pooled=True,
                      trained_parts=("cedr-drmm.onnx", "cedr-drmm-features.onnx"), features="cedr-drmm-features.onnx",
                      summary="disjoint chunks; per layer and query token, histograms of query x document token "
                              "similarities, counts added up; trained DRMM head over their log-counts and the mean "
                              "pooled vector (CEDR-DRMM)"),
-        StrategySpec("cedr-pacrr", DISJOINT, "trained", needs_pooled=True,
+        StrategySpec("cedr-pacrr", DISJOINT, "trained", trainable=True, plans_as="avgp", needs_pooled=True,
                      trained_parts=("cedr-pacrr.onnx", "cedr-pacrr-features.onnx"), features="cedr-pacrr-features.onnx",
                      summary="disjoint chunks; per query token, the k largest values of learned n-gram convolutions "
                              "of the layers' similarity matrices in each chunk, k-max of the chunks' k-maxes; trained "
                              "PACRR head and the mean pooled vector (CEDR-PACRR; windows across chunk boundaries unread)"),
-        StrategySpec("model1", DISJOINT, "trained", needs_pooled=True,
+        StrategySpec("model1", DISJOINT, "trained", trainable=True, plans_as="avgp", needs_pooled=True,
                      trained_parts=("model1.onnx", "model1-features.onnx"), features="model1-features.onnx",
                      summary="disjoint chunks; per query token, the chunks' sums of a learned translation "
                              "probability T(q|d) over last-layer token embeddings, added up; the document's "
                              "IBM Model 1 log-likelihood (Neural Model 1)"),
-        StrategySpec("keyb2", BLOCKS, "max",
+        StrategySpec("keyb2", BLOCKS, "max", trainable=True,
                      summary="CogLTX blocks ranked by the selector, the best that fit, in document order: one sequence "
                              "(`keyb2_passes` up to 3: the next best in each further one; max of their scores)"),
         StrategySpec("keyb2-parade-max", BLOCKS, "parade-max", needs_pooled=True, least_passes=2,
@@ -110,12 +116,13 @@ REGISTRY: dict[str, StrategySpec] = {
         StrategySpec("keyb2-parade-avg", BLOCKS, "parade-avg", needs_pooled=True, least_passes=2,
                      summary="keyb2's passes (at least 2, `keyb2_passes` up to 3); classifier head on their mean "
                              "pooled vector"),
-        StrategySpec("keyb2-blocks", KEY_BLOCKS, "lse",
+        StrategySpec("keyb2-blocks", KEY_BLOCKS, "lse", trainable=True,
                      summary="the selector's best `keyb2_blocks` blocks (6), in short sequences with the query: chosen "
                              "blocks that follow each other read together, up to `keyb2_blocks_span` (4), an input inside the "
                              "document from `keyb2_blocks_lead` (4) tokens before the first rare query term it holds; "
                              "log-sum-exp of their scores, a soft max where a second strong input adds (the default)"),
-        StrategySpec("keyb2-blocks-attn", KEY_BLOCKS, "trained", needs_pooled=True, trained_parts=("keyb2-blocks-attn.onnx",),
+        StrategySpec("keyb2-blocks-attn", KEY_BLOCKS, "trained", trainable=True, plans_as="keyb2-blocks", needs_pooled=True,
+                     trained_parts=("keyb2-blocks-attn.onnx",),
                      summary="keyb2-blocks' inputs; trained attention over their pooled vectors (PARADE-Attn over what "
                              "keyb2-blocks reads)"),
         StrategySpec("longp", WHOLE, "single",

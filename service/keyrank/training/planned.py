@@ -20,21 +20,16 @@ from keyrank.pipeline import Pipeline, RerankOptions, Resolved
 from keyrank.scoring import ModelInputs
 from keyrank.strategies import REGISTRY, StrategySpec
 
-TRAINABLE = ("firstp", "maxp", "keyb2", "keyb2-blocks", "parade-attn", "parade-transformer", "keyb2-blocks-attn", "cedr-knrm", "cedr-drmm", "cedr-pacrr", "model1")
-"""Strategies ``keyrank finetune`` trains (the scorer, PARADE's aggregator, or an interaction head)."""
+TRAINABLE = tuple(name for name, spec in REGISTRY.items() if spec.trainable)
+"""Strategies ``keyrank finetune`` trains (the scorer, PARADE's aggregator, or an interaction head): the registry's
+``trainable`` rows."""
 
 
 def planning_strategy(name: str) -> str:
-    """The registry row whose plan a strategy trains on.
-
-    PARADE-Attn/Transformer cut like parade-avg; their own rows need the trained
-    file that training is about to write, so the plan is made with a sibling
-    row of the same cut that needs no trained part (CEDR-KNRM: avgp's disjoint chunks)."""
-    spec = REGISTRY[name]
-    if not spec.trained_parts:
-        return name
-    siblings = [s for s in REGISTRY.values() if s.cut == spec.cut and not s.trained_parts]
-    return next((s.name for s in siblings if s.needs_pooled == spec.needs_pooled), siblings[0].name)
+    """The registry row whose plan a strategy trains on: its own, or the row its ``plans_as`` names (PARADE-Attn and
+    -Transformer cut like parade-max, CEDR's heads like avgp: their own rows need the trained file that training is
+    about to write)."""
+    return REGISTRY[name].plans_as or name
 
 
 @dataclass(frozen=True, slots=True)
