@@ -8,7 +8,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 from keyrank.api import create_app
-from keyrank.api.ranking import BLANK_DOCUMENT_SCORE
+from keyrank.blank import BLANK_DOCUMENT_SCORE
 from keyrank.config import Settings
 from keyrank.schemas.common import NON_BLANK
 

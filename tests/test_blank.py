@@ -16,7 +16,7 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 from keyrank.api import create_app
-from keyrank.api.ranking import BLANK_DOCUMENT_SCORE
+from keyrank.blank import BLANK_DOCUMENT_SCORE
 from keyrank.blank import READABLE, is_blank, is_readable_query
 from keyrank.config import Settings
 from keyrank.errors import InvalidRequest
@@ -153,18 +153,19 @@ BLANK_DOCUMENTS = {"tags": TAGS, "private-use": PRIVATE_USE, "supplementary-priv
 @pytest.mark.parametrize("path", ["/rerank", "/v2/rerank", "/tei/rerank"])
 def test_a_document_with_nothing_to_read_ranks_last_unscored_on_the_routes(client, local_reranker, path, name):
     """The private-use document outranked the real one (-1.707 vs -2.606): it was scored as an empty one."""
-    scored: list[list[str]] = []
-    arank = local_reranker.arank
+    scored: list[list[str]] = []  # what the pipeline tokenizes and the model scores
+    pipeline = local_reranker.pipeline
+    start = pipeline.start
 
-    async def recording(query, documents, options=None):
+    def recording(query, documents, *args):
         scored.append(list(documents))
-        return await arank(query, documents, options)
+        return start(query, documents, *args)
 
-    local_reranker.arank = recording
+    pipeline.start = recording
     try:
         response = client.post(path, json=_body(path, FRANCE, [BLANK_DOCUMENTS[name], BERLIN]))
     finally:
-        del local_reranker.arank
+        del pipeline.start
     assert response.status_code == 200, response.text
     results = response.json() if path == "/tei/rerank" else response.json()["results"]
     assert [r["index"] for r in results] == [1, 0]

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from keyrank.api import create_app
-from keyrank.api.ranking import BLANK_DOCUMENT_SCORE, is_blank
+from keyrank.blank import BLANK_DOCUMENT_SCORE, is_blank
 from keyrank.config import Settings
 from keyrank.schemas.common import NON_BLANK
 from live_gateway import live_gateway
@@ -247,18 +247,18 @@ BERLIN = "Berlin is the capital of Germany."
 @pytest.mark.parametrize("invisible", INVISIBLE)
 def test_an_invisible_document_ranks_after_a_real_one_and_is_never_scored(live_client, invisible):
     reranker = live_client.app.state.reranker
-    scored: list[list[str]] = []
-    arank = reranker.arank
+    scored: list[list[str]] = []  # what the pipeline tokenizes and the model scores
+    start = reranker.pipeline.start
 
-    async def recording(query, documents, options=None):
+    def recording(query, documents, *args):
         scored.append(list(documents))
-        return await arank(query, documents, options)
+        return start(query, documents, *args)
 
-    reranker.arank = recording
+    reranker.pipeline.start = recording
     try:
         response = live_client.post("/rerank", json={"query": FRANCE, "documents": [invisible, BERLIN]})
     finally:
-        del reranker.arank
+        del reranker.pipeline.start
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert [r["index"] for r in results] == [1, 0]

@@ -115,22 +115,21 @@ class Reranker:
         every other, in request order, with ``BLANK_DOCUMENT_SCORE`` and no evidence, as on every route."""
         _check(query, documents)
         resolved = self.pipeline.resolve(options or RerankOptions())  # refused before any work
-        blank_flags = [is_blank(d) for d in documents]
-        if not any(blank_flags):
-            return await self._rank_readable(query, documents, resolved)
-        readable = [i for i, flag in enumerate(blank_flags) if not flag]
-        if readable:
-            ranking = await self._rank_readable(query, [documents[i] for i in readable], resolved.with_top_n(None))
-            ranking = dataclasses.replace(ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results])
-        else:
+        blank = [is_blank(d) for d in documents]
+        readable = [i for i, flag in enumerate(blank) if not flag]
+        if not readable:
             ranking = Ranking(self.model_name, resolved.strategy, resolved.selector_name, [], Usage(0, 0, 0, 0, 0),
                               {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
-        results = list(ranking.results) + [
-            RankedDocument(i, BLANK_DOCUMENT_SCORE, [], False) for i, flag in enumerate(blank_flags) if flag]
+        elif len(readable) == len(documents):
+            ranking = await self._rank_readable(query, documents, resolved)
+        else:
+            ranking = await self._rank_readable(query, [documents[i] for i in readable], resolved)
+            ranking = dataclasses.replace(ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results])
+        results = ranking.results + [RankedDocument(i, BLANK_DOCUMENT_SCORE, [], False) for i, flag in enumerate(blank) if flag]
         return dataclasses.replace(ranking, results=results[: resolved.top_n] if resolved.top_n else results)
 
     async def _rank_readable(self, query: str, documents: Sequence[str], resolved: Resolved) -> Ranking:
-        """``arank`` of documents that all have something to read."""
+        """``arank`` of documents that all have something to read: every one ranked (``arank`` cuts ``top_n``)."""
         p = self.pipeline
         deadline = time.monotonic() + resolved.timeout_s
         timer = StageTimer()
@@ -147,8 +146,7 @@ class Reranker:
             scores = await self.scorer_for(spec).score(plan.inputs, want_pooled=spec.needs_pooled, deadline=deadline)
 
         results, usage = await asyncio.to_thread(self.fold, plan, scores.logits, scores.pooled, timer)
-        top = results[: resolved.top_n] if resolved.top_n else results
-        return Ranking(self.model_name, spec.name, resolved.selector_name, top, usage, timer.total())
+        return Ranking(self.model_name, spec.name, resolved.selector_name, results, usage, timer.total())
 
     def fold(self, plan: Plan, logits: np.ndarray, pooled: np.ndarray | None, timer: StageTimer | None = None
              ) -> tuple[list[RankedDocument], Usage]:

@@ -11,7 +11,7 @@ is what the pipeline cuts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from keyrank.config import Settings
@@ -75,9 +75,6 @@ class Resolved:
         """Document tokens that fit next to a query of ``query_tokens`` in one model input (the strategy's cut
         says how long an input may be: ``max_sequence_length``, or longp's own length)."""
         return self.template.document_budget(query_tokens, self.spec.cut.max_length(self.settings))
-
-    def with_top_n(self, top_n: int | None) -> Resolved:
-        return replace(self, top_n=top_n)
 
 
 def resolve(options: RerankOptions, settings: Settings, template: InputTemplate, gateway_dir: Path | None) -> Resolved:

@@ -12,8 +12,8 @@ In request order:
    cancels its in-flight Triton calls (the scorer cancels them in its ``finally``); the request is
    counted as ``client_closed``, never as an outage;
 4. blank documents (nothing to read: empty, whitespace, zero-width, control, format, tag or private-use
-   characters, combining marks alone; keyrank/blank.py) are not worth a score: they never reach the pipeline and rank last
-   (``BLANK_DOCUMENT_SCORE``);
+   characters, combining marks alone; keyrank/blank.py) are not worth a score: admission does not charge them,
+   ``arank`` never sends them to the pipeline and ranks them last (``BLANK_DOCUMENT_SCORE``), then cuts ``top_n``;
 5. one ``keyrank_requests_total`` count per request, whatever the outcome, labelled with the model
    (api/errors.py for the failures).
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, TypeVar
@@ -35,10 +34,10 @@ from keyrank.admission import AdmissionQueue, estimate_sequences
 from keyrank.api.errors import record
 from keyrank.api.limits import check_limits
 from keyrank.api.routes import model_ids
-from keyrank.blank import BLANK_DOCUMENT_SCORE, is_blank
+from keyrank.blank import is_blank
 from keyrank.config import Settings
 from keyrank.errors import ClientClosed, InvalidRequest, Overloaded, ScoringUnavailable
-from keyrank.reranker import RankedDocument, Ranking, Reranker, Usage
+from keyrank.reranker import Ranking, Reranker
 from keyrank.scoring.fairness import costing
 from keyrank.strategies import STRATEGIES
 
@@ -60,20 +59,13 @@ async def rank(request: Request, query: str, texts: Sequence[str], options: Rera
     reranker = choose_model(request, model)
     resolved = reranker.pipeline.resolve(options)
     check_limits(query, texts, settings)
-    # Blank documents are never tokenized or scored: 1,000 of them cost what none do.
-    blank_flags = [is_blank(text) for text in texts]
-    readable = [i for i, flag in enumerate(blank_flags) if not flag]
-    blank = [i for i, flag in enumerate(blank_flags) if flag]
-    if not readable:
-        ranking = Ranking(reranker.model_name, resolved.strategy, resolved.selector_name, [], Usage(0, 0, 0, 0, 0),
-                          {"tokenize": 0.0, "segment": 0.0, "infer": 0.0, "aggregate": 0.0, "total": 0.0})
+    # Blank documents are never tokenized or scored (``arank`` ranks them last): 1,000 of them cost what none do,
+    # and a request of nothing else is answered without admission.
+    readable = [text for text in texts if not is_blank(text)]
+    if readable:
+        ranking = await _rank_readable(request, reranker, query, texts, readable, resolved)
     else:
-        ranking = await _rank_readable(request, reranker, query, [texts[i] for i in readable], resolved)
-        if blank:
-            ranking = dataclasses.replace(
-                ranking, results=[dataclasses.replace(r, index=readable[r.index]) for r in ranking.results]
-            )
-    ranking = rank_blank_documents_last(ranking, blank, resolved.top_n)
+        ranking = await reranker.arank(query, texts, resolved)
     request.state.strategy = ranking.strategy
     record(request, "ok")
     return ranking
@@ -94,16 +86,16 @@ def choose_model(request: Request, name: str | None) -> Reranker:
     return rerankers[chosen] if rerankers else request.app.state.reranker
 
 
-async def _rank_readable(request: Request, reranker: Reranker, query: str, texts: list[str], resolved: Resolved) -> Ranking:
-    """Admission, then the pipeline raced against the client's disconnect."""
-    cost = estimate_sequences(resolved, query, texts)
+async def _rank_readable(request: Request, reranker: Reranker, query: str, texts: Sequence[str], readable: list[str],
+                         resolved: Resolved) -> Ranking:
+    """Admission of what ``readable`` costs, then the pipeline over all ``texts`` raced against the client's disconnect."""
+    cost = estimate_sequences(resolved, query, readable)
     queue: AdmissionQueue = request.app.state.admission
     ticket = queue.admit(cost, resolved.timeout_s)
     completed = False
     try:
         with metrics.IN_FLIGHT.track_inprogress(), costing(cost):  # the cost orders its batches (scoring/fairness.py)
-            # top_n is applied after blank documents are put last.
-            work = reranker.arank(query, texts, resolved.with_top_n(None))
+            work = reranker.arank(query, texts, resolved)
             ranking = await unless_disconnected(request.receive, work)
         completed = True
     except (InvalidRequest, ScoringUnavailable, Overloaded, ClientClosed):
@@ -140,10 +132,3 @@ async def unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def rank_blank_documents_last(ranking: Ranking, blank: Sequence[int], top_n: int | None) -> Ranking:
-    """The blank documents (by index) after the scored ones, in request order, with ``BLANK_DOCUMENT_SCORE``
-    and no evidence; then ``top_n``."""
-    results = list(ranking.results) + [RankedDocument(i, BLANK_DOCUMENT_SCORE, [], False) for i in blank]
-    return dataclasses.replace(ranking, results=results[:top_n] if top_n else results)
