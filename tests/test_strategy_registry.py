@@ -256,6 +256,14 @@ def test_keyb2_fused_with_the_selector_ranks_equal_model_scores_by_block_evidenc
     fused = _counting_with(counting, keyb2_fusion_weight=1.0).rank(
         "where is the mill", [off_topic, on_topic], strategy="keyb2", selector="bm25")
     assert [(r.index, r.score) for r in fused.results] == [(1, 1.0), (0, -1.0)]  # model 0 + z of the best block
+    # The fold reads the request's settings as resolved, not the service's: a Resolved that fuses, fuses.
+    import asyncio
+    import dataclasses
+
+    resolved = counting.pipeline.resolve(RerankOptions(strategy="keyb2", selector="bm25"))
+    resolved = dataclasses.replace(resolved, settings=resolved.settings.with_overrides(keyb2_fusion_weight=1.0))
+    by_resolved = asyncio.run(counting.arank("where is the mill", [off_topic, on_topic], resolved))
+    assert [(r.index, r.score) for r in by_resolved.results] == [(1, 1.0), (0, -1.0)]
 
 
 PINNED = {

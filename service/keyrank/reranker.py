@@ -156,8 +156,9 @@ class Reranker:
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
-            if plan.resolved.selector is not None and self.settings.keyb2_fusion_weight:
-                fused = fused_with_selector(folded.scores, plan.block_scores, self.settings.keyb2_fusion_weight)
+            weight = plan.resolved.settings.keyb2_fusion_weight  # the request's settings, as resolved
+            if plan.resolved.selector is not None and weight:
+                fused = fused_with_selector(folded.scores, plan.block_scores, weight)
                 folded = Aggregated(fused, folded.best)
             coverage, truncated = plan.coverage, plan.truncated
             results = [
