@@ -108,3 +108,21 @@ def test_the_hybrid_selector_shares_the_pipelines_bm25_selector(prepared_models)
     pipeline = Reranker(Settings(model_dir=prepared_models), scorer=LengthScorer()).pipeline
     hybrid = pipeline.block_selector("hybrid")
     assert hybrid.lexical is pipeline.block_selector("bm25") and hybrid.dense is pipeline.block_selector("dense")
+
+
+def test_the_cross_selector_is_a_block_selector_whose_round_trip_the_reranker_awaits(reranker):
+    # No branch on its name: the pipeline asks it like any selector and it answers the sequences the model scores
+    # (each block alone with the query); the reranker awaits them on its scorer, the length of each here.
+    from keyrank.select import ModelRoundTrip
+
+    doc = " ".join(f"sentence {i} of the long report." for i in range(12))
+    pipeline = reranker.pipeline
+    assert pipeline.block_selector("cross") is pipeline.block_selector("cross")
+    segmented = pipeline.start("what does the report conclude", [doc, "short."], RerankOptions(strategy="keyb2", selector="cross"))
+    assert isinstance(segmented.round_trip, ModelRoundTrip) and segmented.awaits_model
+    blocks = [len(p) for p in segmented.pieces]
+    assert len(segmented.selector_inputs) == sum(blocks)
+    reranker.scorer.seen.clear()
+    ranking = reranker.rank("what does the report conclude", [doc, "short."], strategy="keyb2", selector="cross")
+    assert [len(inputs) for inputs in reranker.scorer.seen] == [sum(blocks), 2]  # the round trip, then the plan
+    assert ranking.usage.scored_sequences == sum(blocks) + 2

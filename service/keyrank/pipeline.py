@@ -37,13 +37,12 @@ from keyrank.doc_cache import DocumentCache, namespace
 from keyrank.errors import ModelAssetsMissing
 from keyrank.resolved import RerankOptions, Resolved, check_defaults, resolve
 from keyrank.scoring import ModelInputs
-from keyrank.segment import Spans, best_pieces, blocks, per_document, token_break_costs
+from keyrank.segment import Spans, best_pieces, blocks, token_break_costs
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
-from keyrank.select import BlockSelector, SelectorContext
+from keyrank.select import BlockSelector, ModelRoundTrip, SelectorContext
 from keyrank.select.bm25 import general_table, term_mask
 from keyrank.strategies import Passage, StrategySpec
 from keyrank.strategies.cuts import CutContext
-from keyrank.strategies.windows import window_passages
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer, word_cache_pays
 
@@ -95,9 +94,9 @@ class Segmented:
     pieces: list[Spans]
     """Blocks or windows of each document (empty for firstp)."""
     block_scores: list[np.ndarray]
-    """Selector score of every block of every document (empty until the cross selector's logits arrive)."""
-    selector_inputs: ModelInputs
-    """The cross selector's sequences (each block alone with the query), which the caller scores."""
+    """Selector score of every block of every document (empty until a round trip's logits arrive)."""
+    round_trip: ModelRoundTrip | None
+    """A selector that the model scores (cross): the sequences the caller scores before ``Pipeline.finish``."""
 
     @property
     def spec(self) -> StrategySpec:
@@ -105,9 +104,14 @@ class Segmented:
         return self.resolved.spec
 
     @property
+    def selector_inputs(self) -> ModelInputs:
+        """The sequences the selector had the model score (none but the cross selector's)."""
+        return self.round_trip.inputs if self.round_trip is not None else ModelInputs([], [])
+
+    @property
     def awaits_model(self) -> bool:
-        """The cross selector's block logits must be scored before ``Pipeline.finish``."""
-        return len(self.selector_inputs) > 0 and not self.block_scores
+        """The selector's round trip must be scored before ``Pipeline.finish``."""
+        return self.round_trip is not None and not self.block_scores
 
 
 @dataclass(slots=True)
@@ -170,13 +174,14 @@ class Pipeline:
         is_term[[i for i in template.special_ids if i < is_term.shape[0]]] = False
         self.is_term = is_term
         """bool [vocab]: which token ids are BM25 terms (what ``keyrank idf`` counts, too)."""
-        self._selector_context = SelectorContext(settings, tokenizer, is_term, self.documents, gateway_dir, self.block_selector)
+        self._selector_context = SelectorContext(settings, tokenizer, template, is_term, self.documents, gateway_dir,
+                                                 self.block_selector)
         self._selectors: dict[str, BlockSelector] = {}
         self._selectors_lock = threading.RLock()  # hybrid builds bm25 and dense while building itself
-        # Build the CPU selectors that load nothing now (BM25's IDF table), not in the first request; and compile
+        # Build the selectors that load nothing now (BM25's IDF table), not in the first request; and compile
         # (or load from numba's cache) the segmentation DP.
         for spec in SELECTOR_REGISTRY.values():
-            if spec.scored_by == "gateway" and not spec.bi_encoder:
+            if not spec.bi_encoder:
                 self.block_selector(spec.name)
         blocks(tokenizer.encode_documents(["Warm up. The first request should not pay for this."])[0], self.break_costs)
 
@@ -211,15 +216,11 @@ class Pipeline:
 
     # --- 3. select ------------------------------------------------------------------------
     def block_selector(self, name: str) -> BlockSelector:
-        """The gateway selector ``name``, built on first use and kept (it owns its IDF table, its encoder)."""
+        """The block selector ``name``, built on first use and kept (it owns its IDF table, its encoder)."""
         with self._selectors_lock:
             if name not in self._selectors:
                 self._selectors[name] = SELECTOR_REGISTRY[name].build(self._selector_context)
             return self._selectors[name]
-
-    def cross_selector_inputs(self, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> ModelInputs:
-        """Each block alone with the query: what the cross selector scores before assembly."""
-        return self.inputs(query, docs, [p for i, sp in enumerate(pieces) for p in window_passages(i, sp)])
 
     # --- 4. assemble ----------------------------------------------------------------------
     def assemble(self, segmented: Segmented) -> list[Passage]:
@@ -248,11 +249,10 @@ class Pipeline:
 
     def start(self, query: str, documents: Sequence[str], options: RerankOptions | Resolved = RerankOptions(),
               timer: StageTimer | None = None) -> Segmented:
-        """The plan's first half: tokenize, segment, and score blocks with a CPU selector. For the cross
-        selector, ``Segmented.selector_inputs`` holds what the model must score before ``finish``."""
+        """The plan's first half: tokenize, segment, and score blocks with the request's selector. For a selector the
+        model scores (cross), ``Segmented.round_trip`` holds what the model must score before ``finish``."""
         timer = timer or StageTimer()
         resolved = self.resolve(options)
-        selector = resolved.selector
         with timer.stage("tokenize"):
             query_enc, docs = self.encode(query, documents, resolved.max_tokens_per_doc)
         budget = resolved.budget(len(query_enc))
@@ -262,32 +262,27 @@ class Pipeline:
             with timer.stage("select"):  # past the cap, the best windows by BM25 (segment.best_pieces)
                 window_scores = self.block_selector(picker).score(query, query_enc, docs, pieces)
                 pieces = [best_pieces(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, window_scores)]
-        scores: list[np.ndarray] = []
-        selector_inputs = ModelInputs([], [])
-        if selector is not None:
+        scores: list[np.ndarray] | ModelRoundTrip = []
+        if resolved.selector is not None:
             with timer.stage("select"):
-                if selector.scored_by == "model":  # each block alone first (KeyB2's costliest selector)
-                    selector_inputs = self.cross_selector_inputs(query_enc, docs, pieces)
-                    if not len(selector_inputs):  # no document has a block: nothing to await
-                        scores = [np.zeros(0) for _ in pieces]
-                else:
-                    scores = self.block_selector(selector.name).score(query, query_enc, docs, pieces)
-        return Segmented(query_enc, docs, resolved, budget, pieces, scores, selector_inputs)
+                scores = self.block_selector(resolved.selector.name).score(query, query_enc, docs, pieces)
+        if isinstance(scores, ModelRoundTrip):
+            return Segmented(query_enc, docs, resolved, budget, pieces, [], scores)
+        return Segmented(query_enc, docs, resolved, budget, pieces, scores, None)
 
     def finish(self, segmented: Segmented, selector_logits: np.ndarray | None = None, timer: StageTimer | None = None) -> Plan:
         """The plan's second half: assemble each document's passages and frame them with the template.
-        ``selector_logits``: the cross selector's scores of ``segmented.selector_inputs``, in their order."""
+        ``selector_logits``: the model's scores of ``segmented.selector_inputs`` (its round trip), in their order."""
         timer = timer or StageTimer()
         if segmented.awaits_model:
             if selector_logits is None:
-                raise ValueError("the cross selector scores blocks with the model: pass its logits of segmented.selector_inputs")
-            logits = np.asarray(selector_logits, np.float64)
-            segmented.block_scores = per_document(logits, segmented.pieces)
+                raise ValueError("the selector scores blocks with the model: pass its logits of segmented.selector_inputs")
+            segmented.block_scores = segmented.round_trip.scores(selector_logits)
         with timer.stage("assemble"):
             passages = self.assemble(segmented)
             inputs = self.inputs(segmented.query, segmented.docs, passages)
         return Plan(segmented.query, segmented.docs, segmented.resolved, segmented.budget, segmented.pieces,
-                    segmented.block_scores, segmented.selector_inputs, passages, inputs)
+                    segmented.block_scores, segmented.round_trip, passages, inputs)
 
     def plan(
         self,
@@ -298,14 +293,14 @@ class Pipeline:
         cross_scorer: Callable[[ModelInputs], np.ndarray] | None = None,
         timer: StageTimer | None = None,
     ) -> Plan:
-        """Every CPU stage in order: ``start`` then ``finish``. The cross selector needs ``cross_scorer``
-        (block logits of ``Segmented.selector_inputs``), which a synchronous caller supplies."""
+        """Every CPU stage in order: ``start`` then ``finish``. A selector the model scores (cross) needs
+        ``cross_scorer`` (the logits of ``Segmented.selector_inputs``), which a synchronous caller supplies."""
         timer = timer or StageTimer()
         segmented = self.start(query, documents, options, timer)
         logits = None
         if segmented.awaits_model:
             if cross_scorer is None:
-                raise ValueError("the cross selector scores blocks with the model: pass cross_scorer")
+                raise ValueError("the selector scores blocks with the model: pass cross_scorer")
             with timer.stage("select"):
                 logits = cross_scorer(segmented.selector_inputs)
         return self.finish(segmented, logits, timer)

@@ -10,7 +10,9 @@ Adding a selector is its own module (a ``build(context)`` returning a
 A selector is an object built once per pipeline (``Pipeline.block_selector``) that
 owns its state (an IDF table, an ONNX Runtime session, an embedding cache) and
 is given only what it scores: the query and the documents' blocks. Selectors
-return scores; choosing blocks under the budget is the keyb2 strategy's job.
+return scores, or (the cross selector) a ``ModelRoundTrip`` whose sequences the
+caller has the model score; choosing blocks under the budget is the keyb2
+strategy's job.
 This module imports nothing heavy: a row names its module, which the pipeline
 imports on first use.
 """
@@ -26,19 +28,32 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 
 from keyrank.config import Settings
+from keyrank.scoring import ModelInputs
 
 if TYPE_CHECKING:
     from keyrank.doc_cache import DocumentCache
     from keyrank.segment import Spans
+    from keyrank.template import InputTemplate
     from keyrank.tokenize import Encoded, TextTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoundTrip:
+    """A selector's answer that needs the cross-encoder first (the cross selector): the sequences the caller has
+    the model score, and how their logits become each document's block scores."""
+
+    inputs: ModelInputs
+    """The sequences to score (the cross selector: each block alone with the query)."""
+    scores: Callable[[np.ndarray], list[np.ndarray]]
+    """The logits of ``inputs``, in their order, as the block scores of each document."""
 
 
 class BlockSelector(Protocol):
     """Scores every block of every document against the query (a gateway selector, built once per pipeline)."""
 
-    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray]:
+    def score(self, query_text: str, query: Encoded, docs: list[Encoded], pieces: list[Spans]) -> list[np.ndarray] | ModelRoundTrip:
         """One score per block of each document: ``query_text`` as sent, ``query`` its (capped) tokens,
-        ``pieces`` each document's blocks."""
+        ``pieces`` each document's blocks; or, for a selector the model scores, the round trip that gives them."""
         ...
 
 
@@ -50,6 +65,8 @@ class SelectorContext:
     """The stage parameters (BM25's k1, b and IDF source, the bi-encoder's cache and batch)."""
     tokenizer: TextTokenizer
     """The cross-encoder's tokenizer (BM25's terms are its word pieces)."""
+    template: InputTemplate
+    """How the cross-encoder frames the query and a block (the cross selector's inputs)."""
     is_term: np.ndarray
     """bool [vocab]: which token ids are BM25 terms (no punctuation, no special tokens)."""
     documents: DocumentCache
@@ -67,10 +84,10 @@ class SelectorSpec:
     name: str
     """The API's name for it."""
     scored_by: Literal["gateway", "model"]
-    """``gateway``: scored in-process on the CPU (the selector object ``module.build`` makes); ``model``: every block is sent
-    alone with the query to the cross-encoder first (one extra round trip, awaited by the reranker)."""
-    module: str | None
-    """The module whose ``build(context: SelectorContext) -> BlockSelector`` makes it (gateway selectors)."""
+    """``gateway``: scored in-process on the CPU; ``model``: every block is sent alone with the query to the
+    cross-encoder first (its selector answers a ``ModelRoundTrip``, one extra round trip awaited by the reranker)."""
+    module: str
+    """The module whose ``build(context: SelectorContext) -> BlockSelector`` makes it."""
     ratio_scale: bool
     """Scores are >= 0 with a meaningful zero, so "at least a share of the best block" is a sound rule
     (``keyb2_min_score_share``, the adaptive budget); cosines and logits are not."""
@@ -84,9 +101,7 @@ class SelectorSpec:
     """How it scores blocks (docs and OpenAPI)."""
 
     def build(self, context: SelectorContext) -> BlockSelector:
-        """The selector object, from its module's ``build`` (gateway selectors)."""
-        if self.module is None:
-            raise ValueError(f"selector {self.name!r} is scored by the model, not in the gateway")
+        """The selector object, from its module's ``build``."""
         return importlib.import_module(self.module).build(context)
 
 
@@ -97,7 +112,7 @@ REGISTRY: dict[str, SelectorSpec] = {
                      summary="BM25 over the block's terms (k1 0.9, b 0.4), smoothed IDF"),
         SelectorSpec("dense", "gateway", "keyrank.select.dense", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,
                      summary="all-MiniLM-L6-v2 cosine of query and block, in-process (OpenVINO bf16 where the CPU has it, else ONNX Runtime), embeddings cached"),
-        SelectorSpec("cross", "model", None, ratio_scale=False, bi_encoder=False, sequences_per_block=1.0,
+        SelectorSpec("cross", "model", "keyrank.select.cross", ratio_scale=False, bi_encoder=False, sequences_per_block=1.0,
                      summary="the cross-encoder's score of each block alone with the query"),
         SelectorSpec("hybrid", "gateway", "keyrank.select.hybrid", ratio_scale=False, bi_encoder=True, sequences_per_block=0.125,
                      summary="reciprocal rank fusion of the bm25 and dense rankings"),

@@ -111,9 +111,8 @@ def _plan(run: TrainingRun) -> tuple[list[PlannedQuery], list[PlannedQuery]]:
         _log("warning: the dev set is empty (no held-out query with a relevant and a non-relevant candidate): no dev "
              "metric, and the last epoch is kept; give more queries or --dev-max-queries > 0")
     resolved = training_request(run.pipeline, c.strategy, c.selector if run.spec.needs_selector else None)
-    cross = None
-    if resolved.selector is not None and resolved.selector.scored_by == "model":  # blocks selected by the base model, as served before fine-tuning
-        cross = lambda inputs: run.reranker().scorer.score_sync(inputs, want_pooled=False).logits
+    # A selector the model scores (cross) selects with the base model, as served before fine-tuning (loaded only then).
+    cross = lambda inputs: run.reranker().scorer.score_sync(inputs, want_pooled=False).logits
     train = plan_all(run.pipeline, train_j, resolved, cross, desc="plan train", progress=c.progress)
     dev = plan_all(run.pipeline, dev_j, resolved, cross, desc="plan dev", progress=c.progress)
     _log(f"{len(train)} training queries ({sum(q.judged.trainable for q in train)} trainable), {len(dev)} dev queries, "
