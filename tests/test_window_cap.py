@@ -67,3 +67,12 @@ def test_keyb2_is_not_capped_by_windows(pipelines):
     a = pipelines["bm25"].plan(QUERY, [doc], RerankOptions(strategy="keyb2", selector="bm25", max_windows_per_doc=1))
     b = pipelines["first"].plan(QUERY, [doc], RerankOptions(strategy="keyb2", selector="bm25", max_windows_per_doc=1))
     assert [p.starts.tolist() for p in a.passages] == [p.starts.tolist() for p in b.passages]
+
+
+def test_which_windows_a_capped_document_keeps_is_decided_once_by_resolve(pipelines):
+    from keyrank.select import REGISTRY as SELECTORS
+
+    assert pipelines["bm25"].resolve(RerankOptions(strategy="maxp")).window_picker is SELECTORS["bm25"]
+    assert pipelines["first"].resolve(RerankOptions(strategy="maxp")).window_picker is None  # the first ones, cut at once
+    for strategy in ("firstp", "keyb2", "keyb2-blocks"):  # nothing windowed, nothing to pick
+        assert pipelines["bm25"].resolve(RerankOptions(strategy=strategy)).window_picker is None

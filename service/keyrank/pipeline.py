@@ -42,7 +42,7 @@ from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.select import BlockSelector, ModelRoundTrip, SelectorContext
 from keyrank.select.bm25 import general_table, term_mask
 from keyrank.strategies import Passage, StrategySpec
-from keyrank.strategies.cuts import CutContext
+from keyrank.strategies.cuts import UNCAPPED, CutContext
 from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded, TextTokenizer, word_cache_pays
 
@@ -211,8 +211,17 @@ class Pipeline:
 
     # --- 2. segment ------------------------------------------------------------------------
     def segment(self, docs: list[Encoded], resolved: Resolved, budget: int) -> list[Spans]:
-        """The pieces of every document, as the strategy's cut makes them (blocks, windows, none)."""
-        return resolved.spec.cut.segment(docs, budget, resolved.max_windows, self.cuts)
+        """The pieces of every document, as the strategy's cut makes them (blocks, windows, none): every window when
+        the request's window picker keeps the best past the cap (``pick_windows``), else the first ``max_windows``."""
+        cap = resolved.max_windows if resolved.window_picker is None else UNCAPPED
+        return resolved.spec.cut.segment(docs, budget, cap, self.cuts)
+
+    def pick_windows(self, query: str, query_enc: Encoded, docs: list[Encoded], pieces: list[Spans],
+                     resolved: Resolved) -> list[Spans]:
+        """Past the cap, each document's best ``max_windows`` windows by the request's window picker (BM25), in
+        document order (``segment.best_pieces``)."""
+        scores = self.block_selector(resolved.window_picker.name).score(query, query_enc, docs, pieces)
+        return [best_pieces(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, scores)]
 
     # --- 3. select ------------------------------------------------------------------------
     def block_selector(self, name: str) -> BlockSelector:
@@ -258,10 +267,9 @@ class Pipeline:
         budget = resolved.budget(len(query_enc))
         with timer.stage("segment"):
             pieces = self.segment(docs, resolved, budget)
-        if picker := resolved.spec.cut.capped(pieces, resolved.settings, resolved.max_windows):
-            with timer.stage("select"):  # past the cap, the best windows by BM25 (segment.best_pieces)
-                window_scores = self.block_selector(picker).score(query, query_enc, docs, pieces)
-                pieces = [best_pieces(sp, sc, resolved.max_windows) for sp, sc in zip(pieces, window_scores)]
+        if resolved.window_picker is not None and any(len(sp) > resolved.max_windows for sp in pieces):
+            with timer.stage("select"):
+                pieces = self.pick_windows(query, query_enc, docs, pieces, resolved)
         scores: list[np.ndarray] | ModelRoundTrip = []
         if resolved.selector is not None:
             with timer.stage("select"):

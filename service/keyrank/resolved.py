@@ -56,6 +56,9 @@ class Resolved:
     """Read at most this many tokens of each document (None: all)."""
     max_windows: int
     """Windows per document at most: the request's cap within the service's (windowed strategies)."""
+    window_picker: SelectorSpec | None
+    """Windowed strategies with ``window_cap_by`` bm25: the selector whose best windows a document keeps past
+    ``max_windows`` (in document order, ``segment.best_pieces``); None: the first ones are kept, or nothing is capped."""
     timeout_s: float
     """The request's deadline in seconds."""
     template: InputTemplate
@@ -108,12 +111,14 @@ def resolve(options: RerankOptions, settings: Settings, template: InputTemplate,
     if spec.least_passes > settings.keyb2_passes:  # the row's own fewest passes (keyb2-parade-*)
         settings = settings.model_copy(update={"keyb2_passes": spec.least_passes})
     cap = settings.max_windows_per_doc
+    picker = settings.window_cap_by
     return Resolved(
         spec=spec,
         selector=selector,
         top_n=options.top_n,
         max_tokens_per_doc=options.max_tokens_per_doc,
         max_windows=min(options.max_windows_per_doc, cap) if options.max_windows_per_doc else cap,
+        window_picker=SELECTORS_BY_NAME[picker] if spec.windowed and picker != "first" else None,
         timeout_s=options.timeout_s or settings.request_timeout_s,
         template=template,
         settings=settings,

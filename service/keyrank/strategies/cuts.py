@@ -5,9 +5,9 @@ pipeline, admission, training and the metrics call its methods instead of
 branching on its name, so a new way of reading a document is one class here
 and the rows that use it:
 
-- ``segment``: the pieces of each document (stage 2: blocks, windows, none);
-- ``capped``: which selector picks the windows a document keeps past its cap
-  (the pipeline scores them with it between stages 2 and 4);
+- ``segment``: the pieces of each document (stage 2: blocks, windows, none), windows up to the cap it is
+  given (the pipeline gives none when the request's window picker keeps the best ones past it,
+  ``Resolved.window_picker``);
 - ``assemble``: the passages each document contributes (stage 4), from its
   pieces and, for a selecting cut, the selector's block scores;
 - ``sequences``: admission's estimate of the cross-encoder inputs it costs,
@@ -40,7 +40,7 @@ from keyrank.template import InputTemplate
 from keyrank.tokenize import Encoded
 
 UNCAPPED = 1 << 62
-"""A cap no document reaches: the windows are cut after they are scored (``DocumentCut.capped``)."""
+"""A cap no document reaches: the windows are cut after they are scored (``Resolved.window_picker``)."""
 SELECTION_ONLY = ("keyb2_", "bm25_", "dense_", "hybrid_", "block_", "default_selector")
 """Settings that shape only the blocks cut's inputs (its blocks and their selection); windows never read them."""
 
@@ -95,11 +95,6 @@ class DocumentCut(ABC):
         """The settings its model inputs depend on: none of the block selection's."""
         return {k: v for k, v in settings.items() if not k.startswith(SELECTION_ONLY)}
 
-    def capped(self, pieces: list[Spans], settings: Settings, max_windows: int) -> str | None:
-        """The selector that picks which of ``pieces`` a document keeps when it has more than ``max_windows``
-        (the pipeline scores them with it and keeps the best, ``segment.best_pieces``); None: nothing to pick."""
-        return None
-
     def max_length(self, settings: Settings) -> int:
         """Longest input it builds, the frame included, before the model's own limit caps it."""
         return settings.max_sequence_length
@@ -137,17 +132,10 @@ class WindowCut(DocumentCut):
         """Tokens between the starts of two windows."""
 
     def segment(self, docs, budget, max_windows, ctx):
-        """Every window when the cap keeps the best (``window_cap_by = bm25``: the pipeline scores and cuts them,
-        ``capped``), else the first ``max_windows``."""
+        """The first ``max_windows`` windows of each document (``UNCAPPED``: every one, the window picker keeps the
+        best)."""
         step = self.stride(budget, ctx.settings)
-        cap = max_windows if ctx.settings.window_cap_by == "first" else UNCAPPED
-        return [windows(len(d), budget, step, cap) for d in docs]
-
-    def capped(self, pieces, settings, max_windows):
-        """``window_cap_by`` names the selector (bm25) unless it is ``first``, which ``segment`` already applied."""
-        if settings.window_cap_by == "first" or all(len(p) <= max_windows for p in pieces):
-            return None
-        return settings.window_cap_by
+        return [windows(len(d), budget, step, max_windows) for d in docs]
 
     def assemble(self, docs, pieces, block_scores, budget, settings, selector):
         return [p for i in range(len(docs)) for p in window_passages(i, pieces[i])]
