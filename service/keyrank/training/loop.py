@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from keyrank.resolved import Resolved
 from keyrank.training import interaction, readers
 from keyrank.training.cache import PooledVectors, TeacherScores
 from keyrank.training.outputs import check_export, write_outputs, write_report
@@ -69,7 +70,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     timings: dict[str, float] = {}
     started = time.perf_counter()
     run = TrainingRun(c)
-    train, dev = _plan(run)
+    resolved = training_request(run.pipeline, c.strategy, c.selector if run.spec.needs_selector else None)
+    train, dev = _plan(run, resolved)
     timings["prepare_and_plan_s"] = time.perf_counter() - started
     started = time.perf_counter()
     _fill_caches(run, train, dev)
@@ -103,14 +105,13 @@ def _log(message: str) -> None:
     print(f"[finetune] {message}", file=sys.stderr, flush=True)
 
 
-def _plan(run: TrainingRun) -> tuple[list[PlannedQuery], list[PlannedQuery]]:
-    """The training and dev queries, planned by the serving pipeline under the run's one resolved request."""
+def _plan(run: TrainingRun, resolved: Resolved) -> tuple[list[PlannedQuery], list[PlannedQuery]]:
+    """The training and dev queries, planned by the serving pipeline under the run's one ``resolved`` request."""
     c = run.config
     train_j, dev_j = load_judged(c, run.pipeline.tokenizer)
     if not dev_j:
         _log("warning: the dev set is empty (no held-out query with a relevant and a non-relevant candidate): no dev "
              "metric, and the last epoch is kept; give more queries or --dev-max-queries > 0")
-    resolved = training_request(run.pipeline, c.strategy, c.selector if run.spec.needs_selector else None)
     # A selector the model scores (cross) selects with the base model, as served before fine-tuning (loaded only then).
     cross = lambda inputs: run.reranker().scorer.score_sync(inputs, want_pooled=False).logits
     train = plan_all(run.pipeline, train_j, resolved, cross, desc="plan train", progress=c.progress)
