@@ -23,7 +23,6 @@ import asyncio
 import json
 import re
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +32,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
-from keyrank.api.limits import BodyBounds, check_parsed, check_shape
+from keyrank.api.limits import BodyBounds, BodyShape, check_parsed, check_shape
 from keyrank.errors import ClientClosed, InvalidRequest, LimitExceeded
 from keyrank.strategies import STRATEGIES
 
@@ -201,26 +200,6 @@ def _refuse_lone_surrogates(value: Any, path: str) -> None:
 _KINDS = bytes(dict(zip(b"[{]},:\"", (1, 1, 2, 2, 3, 4, 5))).get(byte, 0) for byte in range(256))
 """``bytes.translate`` table of the bytes ``scan`` reads: 1 opens a container, 2 closes one, 3 is a comma, 4 a
 colon, 5 a quote; every other byte becomes 0."""
-
-
-@dataclass
-class BodyShape:
-    """What ``scan`` measured of a body's bytes, without parsing it."""
-
-    values: int
-    """Commas and opening brackets outside strings: at least the values the body holds, minus one."""
-    is_object: bool
-    """The body starts with ``{``."""
-    members: int
-    """Members of the top-level object (0 when empty or not an object)."""
-    keys: list[str | None]
-    """The first members' keys, in order (None for one that is not a JSON string)."""
-    member_values: list[int]
-    """Values nested in each of the first members' value (``values`` counted inside it)."""
-    member_items: list[int]
-    """Items (or members) of each of the first members' value when it is a container (an empty one counts 1)."""
-    too_deep_at: int | None = None
-    """Offset of the bracket that opens level MAX_DEPTH + 1, if one does."""
 
 
 def scan(body: bytes, first: int) -> BodyShape:

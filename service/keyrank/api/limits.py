@@ -32,7 +32,6 @@ from keyrank.errors import InvalidRequest, LimitExceeded
 from keyrank.strategies import REGISTRY
 
 if TYPE_CHECKING:
-    from keyrank.api.body import BodyShape
     from keyrank.api.dialect import Dialect
 
 MAX_UNKNOWN_FIELDS = 64
@@ -105,6 +104,26 @@ def _members(annotation: Any) -> tuple[Any, ...]:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return typing.get_args(annotation)
     return (annotation,)
+
+
+@dataclass
+class BodyShape:
+    """What ``api/body.py``'s ``scan`` measured of a body's bytes, without parsing it."""
+
+    values: int
+    """Commas and opening brackets outside strings: at least the values the body holds, minus one."""
+    is_object: bool
+    """The body starts with ``{``."""
+    members: int
+    """Members of the top-level object (0 when empty or not an object)."""
+    keys: list[str | None]
+    """The first members' keys, in order (None for one that is not a JSON string)."""
+    member_values: list[int]
+    """Values nested in each of the first members' value (``values`` counted inside it)."""
+    member_items: list[int]
+    """Items (or members) of each of the first members' value when it is a container (an empty one counts 1)."""
+    too_deep_at: int | None = None
+    """Offset of the bracket that opens level MAX_DEPTH + 1, if one does."""
 
 
 def check_shape(shape: BodyShape, bounds: BodyBounds) -> None:
@@ -236,6 +255,4 @@ def openapi_limits(schema: dict[str, Any], settings: Settings, dialects: Sequenc
 
 def servable_strategies(settings: Settings) -> list[str]:
     """The registry's strategies whose trained parts (if any) are in the prepared model folder."""
-    return [
-        spec.name for spec in REGISTRY.values() if all((settings.gateway_dir / part).exists() for part in spec.trained_parts)
-    ]
+    return [spec.name for spec in REGISTRY.values() if not spec.missing_parts(settings.gateway_dir)]
