@@ -326,8 +326,10 @@ def serving_defaults(settings: Settings, given: Collection[str] = ()) -> tuple[S
     """``settings`` with what its model folder's ``SERVING_FILE`` says, for every setting not in ``given`` (those set
     by the environment, the env file or a flag), and what was taken from it. A line it may not set, or a value
     the setting cannot take, raises BadSetting naming the file."""
+    if settings.models:  # several folders: each request's model is read as its folder serves it, no default to set
+        return settings, {}
     path = settings.gateway_dir / SERVING_FILE
-    if settings.models or not path.is_file():
+    if not path.is_file():
         return settings, {}
     taken: dict[str, str] = {}
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
