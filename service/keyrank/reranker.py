@@ -97,8 +97,8 @@ class Reranker:
             heavy_batch_size=settings.heavy_batch_size or (None if embedded else settings.triton_batch_size),
             heavy_in_flight=settings.heavy_in_flight or (2 if embedded else settings.triton_max_in_flight),
             heavy_batch_s=settings.heavy_batch_ms / 1000, heavy_yield_s=settings.heavy_yield_s,
-            balancing=settings.triton_balancing, keepalive_s=settings.triton_keepalive_s,
-            keepalive_timeout_s=settings.triton_keepalive_timeout_s,
+            channel={"balancing": settings.triton_balancing, "keepalive_s": settings.triton_keepalive_s,
+                     "keepalive_timeout_s": settings.triton_keepalive_timeout_s},
         )
 
     # --- the pipeline -------------------------------------------------------------

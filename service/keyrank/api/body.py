@@ -204,13 +204,9 @@ colon, 5 a quote; every other byte becomes 0."""
 
 def scan(body: bytes, first: int) -> BodyShape:
     """Measure ``body`` without building any value: its values, its top-level members and, for the first
-    ``first`` members, their keys and how much each holds. Linear in the body, in chunks of ``SCAN_CHUNK``
-    (a 16 MB body of a million values: ~0.2 s, a few MB of arrays, numpy releasing the GIL).
-
-    Escapes are blanked first (``\\\\`` and ``\\"``, left to right, as a JSON parser pairs them; a chunk never
-    ends inside a run of backslashes), so the quotes left open and close strings: the bytes between an odd
-    and the next even quote are inside one. A body that is not JSON is measured all the same (nothing here
-    fails); what it holds past the counts is the parser's to refuse."""
+    ``first`` members, their keys and how much each holds. Linear in the body, in chunks (``_chunks``,
+    ``_outside_strings``; a 16 MB body of a million values: ~0.2 s, a few MB of arrays, numpy releasing the
+    GIL). A body that is not JSON is measured all the same; what it holds past the counts is the parser's to refuse."""
     in_string = depth = members = values = 0
     member_values = np.zeros(first, dtype=np.int64)
     member_commas = np.zeros(first, dtype=np.int64)
@@ -218,30 +214,14 @@ def scan(body: bytes, first: int) -> BodyShape:
     starts: list[int] = []  # offsets of the top-level "{" and commas: a key follows each
     colons: list[int] = []
     too_deep_at = None
-    start, size = 0, len(body)
-    while start < size:
-        end = min(start + SCAN_CHUNK, size)
-        while end < size and body[end - 1] == 0x5C:  # a run of backslashes stays in one chunk
-            end += 1
-        raw = body[start:end]
-        start_of_chunk, start = start, end
+    for start_of_chunk, raw in _chunks(body):
         if in_string and b'"' not in raw:
             continue  # inside one string throughout
         if b"\\" in raw:
             raw = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
         kinds = np.frombuffer(raw.translate(_KINDS), dtype=np.uint8)
         at = np.flatnonzero(kinds)
-        k = kinds[at]
-        quotes = k == 5
-        if in_string or quotes.any():  # drop what lies inside strings: after an odd number of quotes
-            inside = np.cumsum(quotes, dtype=np.uint8)  # wraps at 256: its parity is what counts
-            inside &= 1
-            if in_string:
-                inside ^= 1
-            if inside.size:
-                in_string = int(inside[-1])
-            outside = ~(inside.view(bool) | quotes)
-            at, k = at[outside], k[outside]
+        at, k, in_string = _outside_strings(at, kinds[at], in_string)
         if not at.size:
             continue
         opens, commas = k == 1, k == 3
@@ -280,6 +260,35 @@ def scan(body: bytes, first: int) -> BodyShape:
     keys = [_key(body, a, b) for a, b in zip(starts[:count], colons[:count])][:first]
     items = [int(c) + 1 if o else 0 for c, o in zip(member_commas, member_opens)]
     return BodyShape(values, is_object, count, keys, member_values[: len(keys)].tolist(), items[: len(keys)], too_deep_at)
+
+
+def _chunks(body: bytes):
+    """(offset, bytes) of ``body`` in pieces of about ``SCAN_CHUNK``; a run of backslashes is never split."""
+    start, size = 0, len(body)
+    while start < size:
+        end = min(start + SCAN_CHUNK, size)
+        while end < size and body[end - 1] == 0x5C:
+            end += 1
+        yield start, body[start:end]
+        start = end
+
+
+def _outside_strings(at: np.ndarray, k: np.ndarray, in_string: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The structural bytes (offsets ``at``, kinds ``k``) outside strings, and whether the chunk ends inside one.
+
+    Escapes were blanked (``\\\\`` and ``\\"``, left to right, as a JSON parser pairs them), so the quotes left
+    open and close strings: the bytes between an odd and the next even quote are inside one."""
+    quotes = k == 5
+    if not (in_string or quotes.any()):
+        return at, k, in_string
+    inside = np.cumsum(quotes, dtype=np.uint8)  # wraps at 256: its parity is what counts
+    inside &= 1
+    if in_string:
+        inside ^= 1
+    if inside.size:
+        in_string = int(inside[-1])
+    outside = ~(inside.view(bool) | quotes)
+    return at[outside], k[outside], in_string
 
 
 def _key(body: bytes, after: int, colon: int) -> str | None:

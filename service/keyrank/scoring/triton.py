@@ -89,15 +89,12 @@ class TritonScorer:
         heavy_batch_s: float = 0.025,
         heavy_yield_s: float = 1.0,
         long_buckets: Sequence[int] = (),
-        balancing: str = "round_robin",
-        keepalive_s: float = 5.0,
-        keepalive_timeout_s: float = 5.0,
+        channel: dict[str, Any] | None = None,
     ) -> None:
         self.url: str = url
         """Triton's gRPC target: host:port (resolved by DNS: every address it gives is a replica) or any gRPC target."""
-        self.channel: dict[str, Any] = {"balancing": balancing, "keepalive_s": keepalive_s,
-                                        "keepalive_timeout_s": keepalive_timeout_s}
-        """How calls spread over the replicas and how a dead one is found (scoring/channel.py)."""
+        self.channel: dict[str, Any] = channel or {}
+        """``channel_args``' balancing, keepalive_s, keepalive_timeout_s (scoring/channel.py; unset: its defaults)."""
         self.model: str = model
         """Model name in the Triton repository."""
         self.pad_id: int = pad_id
@@ -127,8 +124,7 @@ class TritonScorer:
         """Connect timeout of the channel and default timeout of ``ready``."""
         self.server_id: str | None = server_id
         """The ``--id`` the server must report (our embedded Triton, not another process on its port); None = any."""
-        # gRPC aio channels and asyncio semaphores belong to the loop that made them: both are made
-        # lazily on first use inside the running loop (the FastAPI app's), and remade if the loop changes.
+        # gRPC aio channels and gates belong to the loop that made them: made on first use, remade if the loop changes
         self.reads_roles: bool = False
         """The model is an interaction graph (``with_graph``): each request carries ``token_roles`` too."""
         self._loop: asyncio.AbstractEventLoop | None = None
