@@ -55,3 +55,17 @@ def embedded_scores(repository: Path, settings, inputs):
                 await scorer.close()
 
         return asyncio.run(score())
+
+
+def grpc_inputs(ids):
+    """``tritonclient.grpc`` inputs of the cross-encoder for token ids ``ids`` [rows, width]: every token attended,
+    one segment."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    tensors = []
+    for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)), ("token_type_ids", np.zeros_like(ids))):
+        tensor = grpcclient.InferInput(name, list(array.shape), "INT64")
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors

@@ -21,7 +21,7 @@ from keyrank.prepare.export import prepare
 from keyrank.prepare.variants import VariantRefused
 from keyrank.scoring import openvino
 from process_tree import stubs_of
-from shared_data import CE_MODEL, linked_copy
+from shared_data import CE_MODEL, grpc_inputs, linked_copy
 
 pytestmark = pytest.mark.skipif(not openvino.available(), reason="OpenVINO not installed (pip install 'keyrank[embedded]')")
 
@@ -115,13 +115,7 @@ def test_a_cancelled_request_stops_the_openvino_run_in_the_stub(ov_triton):
     import tritonclient.grpc as grpcclient
 
     def inputs(rows: int, width: int) -> list:
-        ids = np.full((rows, width), 2000, dtype=np.int64)
-        tensors = []
-        for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)), ("token_type_ids", np.zeros_like(ids))):
-            tensor = grpcclient.InferInput(name, list(array.shape), "INT64")
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-        return tensors
+        return grpc_inputs(np.full((rows, width), 2000, dtype=np.int64))
 
     client = grpcclient.InferenceServerClient(ov_triton.grpc_url.removeprefix("grpc://"))
     model = ov_triton.model

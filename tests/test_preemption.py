@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 from keyrank.scoring import openvino
-from shared_data import CE_MODEL, linked_copy
+from shared_data import CE_MODEL, grpc_inputs, linked_copy
 
 pytestmark = pytest.mark.triton
 
@@ -40,17 +40,10 @@ def default_variant_triton(prepared_models, tmp_path_factory):
 
 
 def _inputs(rows: int, width: int, seed: int) -> list:
-    import tritonclient.grpc as grpcclient
-
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, 20000, size=(rows, width), dtype=np.int64)
     ids[:, 0], ids[:, -1] = 101, 102
-    tensors = []
-    for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)), ("token_type_ids", np.zeros_like(ids))):
-        tensor = grpcclient.InferInput(name, list(array.shape), "INT64")
-        tensor.set_data_from_numpy(array)
-        tensors.append(tensor)
-    return tensors
+    return grpc_inputs(ids)
 
 
 def _cancel_every_order(server) -> tuple[list[str], list[str]]:

@@ -192,8 +192,9 @@ def _copy_serving_defaults(checkpoint: Path, gateway: Path) -> None:
 
     source, target = checkpoint / CHECKPOINT_SERVING_FILE, gateway / SERVING_FILE
     if source.is_file():
-        write_if_changed(target, source.read_text(encoding="utf-8"))
-        log.info("serving settings of the checkpoint: %s", " ".join(source.read_text(encoding="utf-8").split()))
+        text = source.read_text(encoding="utf-8")
+        write_if_changed(target, text)
+        log.info("serving settings of the checkpoint: %s", " ".join(text.split()))
     else:
         target.unlink(missing_ok=True)
 

@@ -1,4 +1,4 @@
-"""After fine-tuning, which reader serves the new scorer best: each of ``READERS`` ranks the run's dev queries with
+"""After fine-tuning, which reader serves the new scorer best: each of the run's ``readers`` (training/recipe.py ``READERS`` by default on the command line) ranks the run's dev queries with
 the fine-tuned checkpoint as it will be served (prepared, in-process), and the best by dev nDCG@10 is written
 beside the checkpoint as its serving settings (``keyrank-serving.env``), which `keyrank prepare` carries into the
 prepared folder and `keyrank serve` reads under the environment (keyrank/config.py, ``serving_defaults``).
@@ -20,7 +20,6 @@ from keyrank.data.runs import per_query
 from keyrank.prepare.export import CHECKPOINT_SERVING_FILE
 from keyrank.strategies import REGISTRY
 from keyrank.training.planned import PlannedQuery
-from keyrank.training.recipe import READERS  # noqa: F401 -- the readers `keyrank finetune` measures
 from keyrank.training.run import DEV_MEASURES, FinetuneResult, TrainingRun
 
 def measure(run: TrainingRun, result: FinetuneResult, dev: list[PlannedQuery], readers: tuple[str, ...],

@@ -103,6 +103,8 @@ class TritonPythonModel:
         self.run_tokens = int(os.environ.get(RUN_TOKENS_ENV) or default)
         self.failures = 0
         """Runs failed in a row (``_run``)."""
+        self.fault_file = os.environ.get(FAULT_FILE_ENV)
+        """``FAULT_FILE_ENV``'s path, if set."""
 
     def execute(self, requests: list) -> list:
         return execute_grouped(requests, self.input_names, self.output_names, self._run)
@@ -111,9 +113,8 @@ class TritonPythonModel:
         """One equal-shape batch; counts the runs that fail in a row and exits at ``FAILURES_BEFORE_EXIT``."""
         feeds = {name: array for name, array in batch.items() if name in self.session_inputs}
         try:
-            fault = os.environ.get(FAULT_FILE_ENV)
-            if fault and os.path.exists(fault):
-                raise RuntimeError(f"injected fault ({FAULT_FILE_ENV} {fault} exists)")
+            if self.fault_file and os.path.exists(self.fault_file):
+                raise RuntimeError(f"injected fault ({FAULT_FILE_ENV} {self.fault_file} exists)")
             outputs = _run_in_slices(self.session, self.output_names, feeds, batch_requests, self.run_tokens, self.device)
         except Exception as exc:
             if not all(request.is_cancelled() for request in batch_requests):  # a stop on cancel is no failure
@@ -250,8 +251,6 @@ class _OpenVino:
         })
         self.request = self.compiled.create_infer_request()
         self.input_names = frozenset(port.get_any_name() for port in self.compiled.inputs)
-        self.resets = 0
-        """Reset runs so far (one after each cancelled run)."""
 
     def run(self, output_names: list, batch: dict, requests: list) -> list:
         cancelled = threading.Event()
@@ -266,7 +265,6 @@ class _OpenVino:
             return [self.request.get_tensor(name).data.copy() for name in output_names]
         finally:
             if cancelled.is_set():  # the watcher has stopped: no cancel can come after this reset
-                self.resets += 1
                 self.request.infer({name: np.ones(self.RESET_SHAPE, dtype=np.int64) if name != "token_type_ids"
                                     else np.zeros(self.RESET_SHAPE, dtype=np.int64) for name in self.input_names})
 
