@@ -375,6 +375,20 @@ def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_
     get_settings.cache_clear()
     try:
         assert get_settings().default_strategy == "keyb2"
+        # `keyrank serve --model-dir` of a folder without the file serves the built-in default, not the
+        # environment folder's
+        from keyrank import cli
+        from keyrank.modelserver import launcher
+
+        chosen = {}
+        monkeypatch.setattr(launcher, "serve", lambda settings: chosen.setdefault("settings", settings) and 0)
+        other = tmp_path / "other"
+        linked = prepare(str(toy["model"]), other, bi_encoder=None, cpu_variant="fp32")
+        assert linked and not (other / "gateway" / SERVING_FILE).exists()
+        cli.main(["serve", "--model-dir", str(other)])
+        assert chosen.pop("settings").default_strategy == Settings().default_strategy
+        cli.main(["serve", "--model-dir", str(served)])
+        assert chosen.pop("settings").default_strategy == "keyb2"
         monkeypatch.setenv("KEYRANK_DEFAULT_STRATEGY", "maxp")
         get_settings.cache_clear()
         assert get_settings().default_strategy == "maxp"  # the environment wins

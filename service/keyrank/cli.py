@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -14,13 +13,12 @@ from pathlib import Path
 from keyrank import __version__
 from keyrank.cli_format import DefaultsHelpFormatter
 from keyrank.config import (
-    ENV_FILE_VARIABLE,
     SERVING_FILE,
     BadSetting,
     Settings,
     bad_setting,
+    environment_settings,
     get_settings,
-    read_settings,
     serving_defaults,
     variable,
 )
@@ -96,9 +94,10 @@ def _serve(args: argparse.Namespace) -> int:
     from keyrank.modelserver.launcher import serve
 
     overrides = {k: v for k, v in vars(args).items() if k in _SERVE_OPTIONS}
-    given = read_settings(os.environ.get(ENV_FILE_VARIABLE) or None).model_fields_set
-    # the serving defaults of the model folder served, which --model-dir may have changed
-    settings, taken = serving_defaults(get_settings().with_overrides(**overrides), given)
+    # the serving defaults of the folder served (--model-dir may name another than the environment's), over what
+    # the user set alone: get_settings() already holds the environment folder's
+    given = environment_settings()
+    settings, taken = serving_defaults(given.with_overrides(**overrides), given.model_fields_set)
     if taken:
         print(f"keyrank serve: {settings.gateway_dir / SERVING_FILE} sets "
               + ", ".join(f"{variable(k)}={v}" for k, v in taken.items())

@@ -268,9 +268,12 @@ class BadSetting(ValueError):
     variable and what it expects: what ``keyrank`` prints (exit 2) instead of a traceback."""
 
 
+ENV_PREFIX: str = Settings.model_config["env_prefix"]
+
+
 def variable(field: str) -> str:
     """The environment variable of a settings field: ``port`` -> ``KEYRANK_PORT``."""
-    return f"{Settings.model_config['env_prefix']}{field.upper()}"
+    return f"{ENV_PREFIX}{field.upper()}"
 
 
 def bad_setting(error: Exception) -> BadSetting | None:
@@ -317,7 +320,6 @@ SERVING_FILE = "serving.env"
 """In a prepared model's gateway/: the ``KEYRANK_*=value`` lines its model is best served with (``keyrank finetune``
 measures the readers of a fine-tuned scorer on dev and writes the best one's; `keyrank prepare` copies them from the
 checkpoint folder). Below the environment, the env file and the command line: a setting given there wins."""
-ENV_PREFIX = "KEYRANK_"
 SERVABLE_FROM_MODEL = frozenset({"default_strategy", "default_selector"})
 """The settings a model folder's ``SERVING_FILE`` may set: how requests that name none are read."""
 
@@ -349,13 +351,18 @@ def serving_defaults(settings: Settings, given: Collection[str] = ()) -> tuple[S
         raise BadSetting(f"{path}: {bad_setting(exc) or exc}") from None
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """This process's settings (read once): the environment over ``KEYRANK_ENV_FILE`` over the model folder's
-    ``SERVING_FILE`` over the defaults. Raises BadSetting, naming the variable, for a value that does not parse or
-    a ``KEYRANK_ENV_FILE`` that is not a file."""
+def environment_settings() -> Settings:
+    """The settings the environment and ``KEYRANK_ENV_FILE`` give, before any model folder's ``SERVING_FILE``: their ``model_fields_set`` is what the user set. Raises BadSetting, naming the variable, for a
+    value that does not parse or a ``KEYRANK_ENV_FILE`` that is not a file."""
     env_file = os.environ.get(ENV_FILE_VARIABLE)
     if env_file and not Path(env_file).is_file():
         raise BadSetting(f"{ENV_FILE_VARIABLE}={env_file}: no such file (a file of KEYRANK_*=value lines, e.g. `keyrank tune`'s keyrank.env)")
-    settings = read_settings(env_file or None)
+    return read_settings(env_file or None)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """This process's settings (read once): the environment over ``KEYRANK_ENV_FILE`` over the model folder's
+    ``SERVING_FILE`` over the defaults. Raises BadSetting as ``environment_settings`` does."""
+    settings = environment_settings()
     return serving_defaults(settings, settings.model_fields_set)[0]
