@@ -371,27 +371,30 @@ def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_
     assert settings.default_strategy == "keyb2" and taken == {"default_strategy": "keyb2", "default_selector": "bm25"}
     assert serving_defaults(Settings(model_dir=served), {"default_strategy"})[0].default_strategy == Settings().default_strategy
 
-    monkeypatch.setenv("KEYRANK_MODEL_DIR", str(served))
-    get_settings.cache_clear()
+    # The environment set here is undone before get_settings() is cleared: a cache filled in between (prepare
+    # reads the settings) would hand this test's folder and strategy to every later test in the process.
     try:
-        assert get_settings().default_strategy == "keyb2"
-        # `keyrank serve --model-dir` of a folder without the file serves the built-in default, not the
-        # environment folder's
-        from keyrank import cli
-        from keyrank.modelserver import launcher
+        with monkeypatch.context() as env:
+            env.setenv("KEYRANK_MODEL_DIR", str(served))
+            get_settings.cache_clear()
+            assert get_settings().default_strategy == "keyb2"
+            # `keyrank serve --model-dir` of a folder without the file serves the built-in default, not the
+            # environment folder's
+            from keyrank import cli
+            from keyrank.modelserver import launcher
 
-        chosen = {}
-        monkeypatch.setattr(launcher, "serve", lambda settings: chosen.setdefault("settings", settings) and 0)
-        other = tmp_path / "other"
-        linked = prepare(str(toy["model"]), other, bi_encoder=None, cpu_variant="fp32")
-        assert linked and not (other / "gateway" / SERVING_FILE).exists()
-        cli.main(["serve", "--model-dir", str(other)])
-        assert chosen.pop("settings").default_strategy == Settings().default_strategy
-        cli.main(["serve", "--model-dir", str(served)])
-        assert chosen.pop("settings").default_strategy == "keyb2"
-        monkeypatch.setenv("KEYRANK_DEFAULT_STRATEGY", "maxp")
-        get_settings.cache_clear()
-        assert get_settings().default_strategy == "maxp"  # the environment wins
+            chosen = {}
+            env.setattr(launcher, "serve", lambda settings: chosen.setdefault("settings", settings) and 0)
+            other = tmp_path / "other"
+            linked = prepare(str(toy["model"]), other, bi_encoder=None, cpu_variant="fp32")
+            assert linked and not (other / "gateway" / SERVING_FILE).exists()
+            cli.main(["serve", "--model-dir", str(other)])
+            assert chosen.pop("settings").default_strategy == Settings().default_strategy
+            cli.main(["serve", "--model-dir", str(served)])
+            assert chosen.pop("settings").default_strategy == "keyb2"
+            env.setenv("KEYRANK_DEFAULT_STRATEGY", "maxp")
+            get_settings.cache_clear()
+            assert get_settings().default_strategy == "maxp"  # the environment wins
     finally:
         get_settings.cache_clear()
     prepare(str(toy["model"]), served, bi_encoder=None, cpu_variant="fp32")
