@@ -214,6 +214,59 @@ def test_keyb2_blocks_trains_its_scorer_through_its_blocks_and_head(toy):
     assert head and any(not np.allclose(start[k], tuned[k]) for k in head)
 
 
+def test_a_mixed_run_trains_one_scorer_on_both_strategies_inputs_of_the_same_groups(toy):
+    """--mix keyb2 beside keyb2-blocks: the mixed plan is keyb2's (one sequence a document, the far answer in it), the
+    step's loss and gradient are keyb2-blocks' plus mix_weight x keyb2's over the same groups, and only scorer
+    strategies mix."""
+    from keyrank.training import loop
+    from keyrank.training.planned import epoch_groups
+    from keyrank.training.recipe import FinetuneConfig, TrecFiles
+    from keyrank.training.run import TrainingRun
+
+    common = dict(model=str(toy["model"]), trec=TrecFiles(*toy["trec"]), max_queries=4, progress=False, threads=2,
+                  sequences_per_forward=16, dev_max_queries=1)
+    run = TrainingRun(FinetuneConfig(out=toy["root"] / "mix", strategy="keyb2-blocks", mix="keyb2", mix_weight=0.5, **common))
+    train, _ = loop._plan(run, training_request(run.pipeline, "keyb2-blocks", "bm25"))
+    assert [q.judged.qid for q in run.mixed] == [q.judged.qid for q in train]
+    keyb2 = [plan_query(run.pipeline, q.judged, training_request(run.pipeline, "keyb2", "bm25")) for q in train]
+    assert [list(map(list, q.ids)) for q in run.mixed] == [list(map(list, q.ids)) for q in keyb2]
+    assert all(len(q.sequences(d)) == 1 for q in run.mixed for d in range(len(q.firsts) - 1))
+    assert any(len(q.sequences(d)) > 1 for q in train for d in range(len(q.firsts) - 1))  # blocks: several inputs
+
+    run.build_modules()
+    run.encoder.eval()  # no dropout: the three passes below see one function
+    groups = epoch_groups(train, epoch=0, seed=0, negatives=2)[:2]
+    params = [p for p in run.encoder.parameters() if p.requires_grad]
+
+    def grads(planned, aggregation, weight):
+        for p in params:
+            p.grad = None
+        loss = run._groups_loss(planned, groups, aggregation, weight, None)[0]
+        return loss, torch.cat([p.grad.flatten() for p in params]).clone()
+
+    both_loss, _ = run.step_loss(train, groups)
+    both = torch.cat([p.grad.flatten() for p in params]).clone()
+    own_loss, own = grads(train, "lse", 1.0)
+    mix_loss, mixed = grads(run.mixed, "max", 0.5)
+    assert mix_loss > 0 and both_loss == pytest.approx(own_loss + mix_loss, rel=1e-5)
+    assert torch.allclose(both, own + mixed, atol=1e-6) and not torch.allclose(both, own, atol=1e-6)
+
+    for strategy, mix in (("parade-attn", "keyb2"), ("keyb2-blocks", "keyb2-blocks-attn"), ("keyb2", "keyb2")):
+        with pytest.raises(ValueError, match="mix"):
+            TrainingRun(FinetuneConfig(out=toy["root"] / "mix-refused", strategy=strategy, mix=mix, **common))
+
+
+def test_the_command_line_mixes_as_asked_and_alone_by_default():
+    from keyrank.training.cli import config_from, parser
+
+    base = ["--model", "m", "--out", "o", "--task", "qmsum", "--strategy", "keyb2-blocks"]
+    assert (config_from(parser().parse_args(base)).mix, config_from(parser().parse_args(base)).mix_weight) == (None, 1.0)
+    mixed = config_from(parser().parse_args([*base, "--mix", "keyb2", "--mix-weight", "0.5"]))
+    assert (mixed.strategy, mixed.mix, mixed.mix_weight) == ("keyb2-blocks", "keyb2", 0.5)
+    with pytest.raises(SystemExit):
+        parser().parse_args([*base, "--mix", "no-such-reader"])
+
+
 def test_losses_prefer_the_relevant_document_first():
     from keyrank.training.losses import distillation, hinge, listwise
 

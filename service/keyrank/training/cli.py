@@ -56,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
                         "its serving settings (keyrank-serving.env beside the checkpoint, gateway/serving.env of out/prepared), "
                         "which `keyrank prepare` carries and `keyrank serve` reads; 'none' = measure none, write none")
     p.add_argument("--selector", default=d.selector, help="keyb2's block selector, as served")
+    p.add_argument("--mix", choices=TRAINABLE, default=d.mix,
+                   help="a second scorer strategy whose inputs of the same groups also train the scorer every step (e.g. keyb2 "
+                        "beside keyb2-blocks: long and short inputs); dev reads --strategy; unset = --strategy's inputs alone")
+    p.add_argument("--mix-weight", type=float, default=d.mix_weight, help="weight of the --mix strategy's loss")
     data = p.add_argument_group("data (any mix; at least one --task or the three TREC files)")
     data.add_argument("--task", nargs="+", choices=TASKS, default=[],
                       help="qmsum: QMSum train meetings; farrel: far-relevant on the DL20 train topics; "
@@ -118,7 +122,7 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         except ValueError:
             settings[name] = value
     return FinetuneConfig(
-        model=args.model, out=args.out, strategy=args.strategy, selector=args.selector, tasks=tuple(args.task), trec=trec,
+        model=args.model, out=args.out, strategy=args.strategy, mix=args.mix, mix_weight=args.mix_weight, selector=args.selector, tasks=tuple(args.task), trec=trec,
         data_dir=args.data_dir, farrel_seeds=args.farrel_seeds, farrel_offsets=args.farrel_offsets, max_queries=args.max_queries,
         loss=args.loss, margin=args.margin, negatives=args.negatives, distill=args.distill, temperature=args.temperature,
         teacher=args.teacher, teacher_strategy=args.teacher_strategy, teacher_runtime=args.teacher_runtime,

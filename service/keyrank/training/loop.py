@@ -118,6 +118,10 @@ def _plan(run: TrainingRun, resolved: Resolved) -> tuple[list[PlannedQuery], lis
     dev = plan_all(run.pipeline, dev_j, resolved, cross, desc="plan dev", progress=c.progress)
     _log(f"{len(train)} training queries ({sum(q.judged.trainable for q in train)} trainable), {len(dev)} dev queries, "
          f"{sum(len(q.ids) for q in train)} training sequences planned for {c.strategy}")
+    if run.mix_spec is not None:  # the same queries, in the same order, as the mixed strategy reads them
+        mixed = training_request(run.pipeline, c.mix, c.selector if run.mix_spec.needs_selector else None)
+        run.mixed = plan_all(run.pipeline, train_j, mixed, cross, desc=f"plan {c.mix}", progress=c.progress)
+        _log(f"and {sum(len(q.ids) for q in run.mixed)} for {c.mix} (weight {c.mix_weight})")
     return train, dev
 
 

@@ -20,12 +20,12 @@ from keyrank.tokenize import TextTokenizer
 from keyrank.training import splits
 
 LOSSES = ("listwise", "hinge")
+"""Ranking losses ``keyrank finetune --loss`` accepts (losses.py computes them; named here, where the parser
+reads them without PyTorch)."""
 READERS = ("keyb2-blocks", "keyb2", "maxp", "parade-avg")
 """The readers `keyrank finetune` measures the new scorer with (training/readers.py): the default, its
 one-input-per-document sibling, and the windows read whole (max, and PARADE's mean of pooled vectors). The first
 wins a tie."""
-"""Ranking losses ``keyrank finetune --loss`` accepts (losses.py computes them; named here, where the parser
-reads them without PyTorch)."""
 
 TREC_DEV_SALT = "keyrank/trec-dev/"
 """Salt of the dev carve-out of TREC-file queries (by query id)."""
@@ -41,6 +41,12 @@ class FinetuneConfig:
     """Run folder: model/ (the fine-tuned checkpoint), base/, cache/, state/, training.json."""
     strategy: str = "keyb2"
     """What is trained: keyb2, keyb2-blocks, maxp, firstp (the scorer) or parade-attn, parade-transformer, keyb2-blocks-attn (the aggregator)."""
+    mix: str | None = None
+    """A second scorer strategy whose inputs of the same groups also train the scorer, every step (keyb2 beside
+    keyb2-blocks: one 512-token input and the short block inputs of each document); None = ``strategy``'s alone.
+    Dev, and so the epoch kept, reads ``strategy``."""
+    mix_weight: float = 1.0
+    """Weight of the ``mix`` strategy's loss beside ``strategy``'s."""
     selector: str | None = "bm25"
     """keyb2's block selector, as served (bm25, dense, hybrid, cross; cross selects with the base model)."""
     tasks: tuple[str, ...] = ()

@@ -55,6 +55,9 @@ class TrainingRun:
 
         self.config = c = config
         self.spec = spec_of(c.strategy)
+        self.mix_spec = _mix_spec(c)
+        self.mixed: list[PlannedQuery] | None = None
+        """The training queries planned as ``config.mix`` reads them (same order as the run's own), when mixed."""
         self.out = Path(c.out)
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         row = SELECTOR_REGISTRY.get(c.selector) if self.spec.needs_selector else None  # unknown names: refused at planning
@@ -122,8 +125,9 @@ class TrainingRun:
             self.aggregator = module.to(self.device).train()
 
     # --- scoring -----------------------------------------------------------------------------
-    def document_scores(self, parts: list[tuple[PlannedQuery, tuple[int, ...]]]) -> torch.Tensor:
-        """Scores of the named documents of planned queries, concatenated, as serving folds them."""
+    def document_scores(self, parts: list[tuple[PlannedQuery, tuple[int, ...]]], aggregation: str | None = None) -> torch.Tensor:
+        """Scores of the named documents of planned queries, concatenated, as serving folds them (by ``aggregation``,
+        default the run's strategy's)."""
         inputs, doc_of, pooled_rows, offset = None, [], [], 0
         for planned, docs in parts:
             chunk = planned.model_inputs(docs)
@@ -140,7 +144,7 @@ class TrainingRun:
                 relevance, pooled = self.encoder(Batch.of(inputs, self.pad_id, self.device))
             relevance, pooled = relevance.float(), pooled.float()
         head = getattr(self.encoder, "head", None)
-        return fold(self.spec.aggregation, relevance, pooled, doc_of, offset, self.aggregator, head)
+        return fold(aggregation or self.spec.aggregation, relevance, pooled, doc_of, offset, self.aggregator, head)
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.encoder, self.aggregator) if m is not None]
@@ -169,24 +173,46 @@ class TrainingRun:
 
     # --- one optimizer step -----------------------------------------------------------------------
     def step_loss(self, train: list[PlannedQuery], groups: list[TrainingGroup]) -> tuple[float, int]:
-        """Accumulate the gradient of the groups' mean loss; answer (loss, query-document pairs)."""
+        """Accumulate the gradient of the groups' mean loss; answer (loss, query-document pairs). A mixed run adds
+        ``mix_weight`` x the same groups' loss as ``mix`` reads them (its own forwards)."""
+        total, pairs = self._groups_loss(train, groups, self.spec.aggregation, 1.0, self.teacher)
+        if self.mixed is not None:
+            total += self._groups_loss(self.mixed, groups, self.mix_spec.aggregation, self.config.mix_weight, None)[0]
+        return total, pairs
+
+    def _groups_loss(self, planned: list[PlannedQuery], groups: list[TrainingGroup], aggregation: str, weight: float,
+                     teacher: TeacherScores | None) -> tuple[float, int]:
+        """``weight`` x the groups' mean loss as ``planned`` reads them, its gradient accumulated."""
         c = self.config
         total, pairs = 0.0, 0
-        size = lambda g: sum(len(train[g.query].sequences(d)) for d in g.docs)
+        size = lambda g: sum(len(planned[g.query].sequences(d)) for d in g.docs)
         for micro in _chunks(groups, size, c.sequences_per_forward):
-            scores = self.document_scores([(train[g.query], g.docs) for g in micro])
+            scores = self.document_scores([(planned[g.query], g.docs) for g in micro], aggregation)
             loss, start = scores.new_zeros(()), 0
             for g in micro:
                 s = scores[start : start + len(g.docs)]
                 start += len(g.docs)
                 loss = loss + ranking_loss(c.loss, s, margin=c.margin)
-                if self.teacher is not None:
-                    t = torch.from_numpy(self.teacher.of(train[g.query].judged, g.docs)).to(s.device)
+                if teacher is not None:
+                    t = torch.from_numpy(teacher.of(planned[g.query].judged, g.docs)).to(s.device)
                     loss = loss + c.distill * distillation(s, t, c.temperature)
                 pairs += len(g.docs)
-            (loss / len(groups)).backward()
-            total += float(loss.detach())
+            (loss * weight / len(groups)).backward()
+            total += weight * float(loss.detach())
         return total / len(groups), pairs
+
+
+def _mix_spec(c: FinetuneConfig):
+    """The registry row of ``c.mix``; raises ValueError for a mix that cannot share the scorer's steps."""
+    if c.mix is None:
+        return None
+    spec, own = spec_of(c.mix), spec_of(c.strategy)
+    if not c.trains_encoder or "trained" in (spec.aggregation, own.aggregation) or spec.features or own.features:
+        raise ValueError(f"mix {c.mix!r} with {c.strategy!r}: only strategies whose scorer alone is trained mix "
+                         "(keyb2, keyb2-blocks, maxp, firstp)")
+    if c.mix == c.strategy:
+        raise ValueError(f"mix {c.mix!r} is the strategy trained already")
+    return spec
 
 
 def _chunks(items, size, limit):
