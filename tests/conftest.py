@@ -17,6 +17,20 @@ from shared_data import CE_MODEL, REPO
 hypothesis_settings.register_profile("keyrank", derandomize=True, database=None, print_blob=True)
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "keyrank"))
 
+# --- settings ------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def settings_of_the_environment():
+    """Every test reads ``get_settings()`` from the environment as it is: the cache is cleared after each test,
+    once monkeypatch has put the environment back (autouse fixtures are set up first, so torn down last). A test
+    that set KEYRANK_* variables and read the settings under them hands them to no later test."""
+    from keyrank.config import get_settings
+
+    yield
+    get_settings.cache_clear()
+
+
 # --- prepared_models ---------------------------------------------------------------------
 
 
