@@ -410,6 +410,8 @@ def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_
                       progress=False, threads=2, dev_max_queries=None, readers=("firstp", "keyb2"))
     table = result.readers["readers"]
     assert table["keyb2"]["nDCG@10"] > table["firstp"]["nDCG@10"], table
+    base = result.readers["base"]  # beside them, the base scorer read as the service read it before
+    assert base["strategy"] == Settings().default_strategy and 0 < base["nDCG@10"] <= 1
     assert result.readers["best"] == "keyb2" and result.readers["settings"]["default_strategy"] == "keyb2"
     written = (result.model_dir / CHECKPOINT_SERVING_FILE).read_text()
     assert "KEYRANK_DEFAULT_STRATEGY=keyb2" in written and "firstp" in written  # the figures it rests on, as comments
@@ -452,6 +454,28 @@ def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_
         get_settings.cache_clear()
     prepare(str(toy["model"]), served, bi_encoder=None, cpu_variant="fp32")
     assert not (served / "gateway" / SERVING_FILE).exists()
+
+
+def test_the_readers_read_every_dev_query_while_each_epoch_reads_dev_max_queries(toy, tmp_path):
+    """What is served rests on every dev query (readers_max_queries None), the epoch kept on the first
+    dev_max_queries of the same hash order."""
+    from keyrank.training import loop
+    from keyrank.training.recipe import FinetuneConfig, TrecFiles
+    from keyrank.training.run import TrainingRun
+
+    docs, qrels, queries = [], [], []
+    for q in range(80):  # ~8 dev queries (10% by a hash of the id)
+        queries.append(f"q{q}\tquery {q}")
+        for d in range(2):
+            docs.append(json.dumps({"id": f"q{q}-d{d}", "text": f"document {d} of query {q}"}))
+            qrels.append(f"q{q} 0 q{q}-d{d} {int(d == 0)}")
+    paths = tmp_path / "qrels.txt", tmp_path / "docs.jsonl", tmp_path / "queries.tsv"
+    for path, lines in zip(paths, (qrels, docs, queries)):
+        path.write_text("\n".join(lines) + "\n")
+    run = TrainingRun(FinetuneConfig(model=str(toy["model"]), out=tmp_path / "run", strategy="firstp", trec=TrecFiles(*paths),
+                                     dev_max_queries=2, progress=False, threads=2))
+    _, dev = loop._plan(run, training_request(run.pipeline, "firstp"))
+    assert len(run.dev_judged) > 2 and [p.judged.qid for p in dev] == [q.qid for q in run.dev_judged[:2]]
 
 
 def test_a_serving_file_may_set_only_how_requests_are_read(tmp_path):

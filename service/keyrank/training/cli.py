@@ -99,6 +99,8 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-after-steps", type=int, default=None, help="end after N steps (state saved), run again to continue; None = run to the end")
     train.add_argument("--restart", action="store_true", help="ignore out/state/latest.pt and start over")
     train.add_argument("--dev-max-queries", type=int, default=d.dev_max_queries, help="dev queries scored after each epoch; None = all")
+    train.add_argument("--readers-max-queries", type=int, default=d.readers_max_queries,
+                       help="dev queries the --readers are measured on; None = every dev query")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads; None = the cores this process may use")
     train.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where to train; None = cuda when available")
     train.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -131,7 +133,7 @@ def config_from(args: argparse.Namespace) -> FinetuneConfig:
         cache_dir=args.cache_dir, attention_dropout=None if args.attention_dropout < 0 else args.attention_dropout,
         freeze_encoder=not args.train_encoder, seed=args.seed, checkpoint_every=args.checkpoint_every,
         stop_after_steps=args.stop_after_steps, resume=not args.restart,
-        dev_max_queries=args.dev_max_queries, threads=args.threads, device=args.device, progress=not args.no_progress,
+        dev_max_queries=args.dev_max_queries, readers_max_queries=args.readers_max_queries, threads=args.threads, device=args.device, progress=not args.no_progress,
         settings=settings, readers=_readers(args.readers),
     )
 

@@ -94,7 +94,7 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     if result.best_epoch is not None and (result.model_dir or result.aggregator):
         check_export(run, result, timings)
         started = time.perf_counter()
-        result.readers = readers.measure(run, result, dev, tuple(c.readers), run.out / "prepared")
+        result.readers = readers.measure(run, result, run.dev_judged[: c.readers_max_queries], tuple(c.readers), run.out / "prepared")
         timings["readers_s"] = time.perf_counter() - started
     result.finished = True
     write_report(run, result, timings, len(train), len(dev))
@@ -108,7 +108,8 @@ def _log(message: str) -> None:
 def _plan(run: TrainingRun, resolved: Resolved) -> tuple[list[PlannedQuery], list[PlannedQuery]]:
     """The training and dev queries, planned by the serving pipeline under the run's one ``resolved`` request."""
     c = run.config
-    train_j, dev_j = load_judged(c, run.pipeline.tokenizer)
+    train_j, run.dev_judged = load_judged(c, run.pipeline.tokenizer)
+    dev_j = run.dev_judged[: c.dev_max_queries]
     if not dev_j:
         _log("warning: the dev set is empty (no held-out query with a relevant and a non-relevant candidate): no dev "
              "metric, and the last epoch is kept; give more queries or --dev-max-queries > 0")

@@ -11,68 +11,89 @@ from __future__ import annotations
 
 import datetime
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from keyrank.config import SERVING_FILE, variable
+from keyrank.data.judged import JudgedQuery
 from keyrank.data.runs import per_query
 from keyrank.prepare.export import CHECKPOINT_SERVING_FILE
 from keyrank.strategies import REGISTRY
-from keyrank.training.planned import PlannedQuery
 from keyrank.training.run import DEV_MEASURES, FinetuneResult, TrainingRun
 
-def measure(run: TrainingRun, result: FinetuneResult, dev: list[PlannedQuery], readers: tuple[str, ...],
+
+def measure(run: TrainingRun, result: FinetuneResult, dev: Sequence[JudgedQuery], readers: tuple[str, ...],
             prepared: Path) -> dict | None:
-    """Dev nDCG@10 (and RR@10, model tokens per query) of each reader with the checkpoint prepared in ``prepared``;
-    writes the best one's settings beside the checkpoint and into ``prepared``. None when there is nothing to
-    measure (no checkpoint, no dev queries, no readers)."""
-    from keyrank.data.runs import QueryRun
+    """Dev nDCG@10 (and RR@10, model tokens per query) of each reader with the checkpoint prepared in ``prepared``,
+    and of the base scorer with the strategy served before (``default_strategy``); writes the best reader's settings
+    beside the checkpoint and into ``prepared``, and says so when no reader of the new scorer beats the base one.
+    None when there is nothing to measure (no checkpoint, no dev queries, no readers)."""
     from keyrank.reranker import Reranker
 
     if result.model_dir is None or not dev or not readers:
         return None
-    queries = [planned.judged.as_eval_query() for planned in dev]
+    queries = [judged.as_eval_query() for judged in dev]
     selector = run.config.selector or "bm25"
     reranker = Reranker.local(settings=run.settings.with_overrides(model_dir=prepared), threads=run.config.threads or 0)
-    table: dict[str, dict] = {}
     try:
-        for strategy in readers:
-            chosen = selector if REGISTRY[strategy].needs_selector else None
-            runs, tokens = [], []
-            for query in queries:  # each ranked as a request would be, every candidate returned
-                texts = [c.text for c in query.candidates]
-                ranking = reranker.rank(query.query, texts, strategy=strategy, selector=chosen, top_n=len(texts))
-                runs.append(QueryRun(query.qid, strategy, {query.candidates[r.index].doc_id: float(r.score) for r in ranking.results}))
-                tokens.append(ranking.usage.scored_tokens)
-            values = per_query(queries, runs, DEV_MEASURES)
-            table[strategy] = {m: round(float(np.mean([v[m] for v in values.values()])), 4) for m in DEV_MEASURES}
-            table[strategy]["tokens_per_query"] = round(float(np.mean(tokens)))
-            _log(f"dev with the new scorer, {strategy}: {table[strategy]}")
+        table = {strategy: _read(reranker, queries, strategy, selector) for strategy in readers}
     finally:
         reranker.close()
+    before = run.settings.default_strategy
+    base = {"strategy": before, **_read(run.reranker(), queries, before, selector)}
     first = DEV_MEASURES[0]
     best = max(readers, key=lambda s: (table[s][first], -readers.index(s)))
     chosen = {"default_strategy": best, "default_selector": selector}
-    text = serving_file(chosen, table, len(queries))
+    text = serving_file(chosen, table, base, len(queries))
     (result.model_dir / CHECKPOINT_SERVING_FILE).write_text(text)
     (prepared / "gateway" / SERVING_FILE).write_text(text)
-    return {"dev_queries": len(queries), "readers": table, "best": best, "settings": chosen}
+    if table[best][first] <= base[first]:
+        _log(f"warning: {_not_better(table[best][first], base)}")
+    return {"dev_queries": len(queries), "readers": table, "best": best, "settings": chosen, "base": base}
 
 
-def serving_file(chosen: dict[str, str], table: dict[str, dict], n: int) -> str:
+def _read(reranker, queries: list, strategy: str, selector: str) -> dict:
+    """One reader's dev metrics: every query ranked as a request would be, every candidate returned."""
+    from keyrank.data.runs import QueryRun
+
+    chosen = selector if REGISTRY[strategy].needs_selector else None
+    runs, tokens = [], []
+    for query in queries:
+        texts = [c.text for c in query.candidates]
+        ranking = reranker.rank(query.query, texts, strategy=strategy, selector=chosen, top_n=len(texts))
+        runs.append(QueryRun(query.qid, strategy, {query.candidates[r.index].doc_id: float(r.score) for r in ranking.results}))
+        tokens.append(ranking.usage.scored_tokens)
+    values = per_query(queries, runs, DEV_MEASURES)
+    row = {m: round(float(np.mean([v[m] for v in values.values()])), 4) for m in DEV_MEASURES}
+    row["tokens_per_query"] = round(float(np.mean(tokens)))
+    _log(f"dev, {strategy}: {row}")
+    return row
+
+
+def _not_better(best: float, base: dict) -> str:
+    return (f"no reader of the fine-tuned scorer beats the base scorer read by {base['strategy']} on dev ({best:.4f} <= "
+            f"{base[DEV_MEASURES[0]]:.4f}): serving the base model keeps the better ranking")
+
+
+def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: int) -> str:
     """``KEYRANK_*=value`` lines, after comments that say what they rest on."""
-    measured = ", ".join(f"{s} {row[DEV_MEASURES[0]]:.4f}" for s, row in table.items())
-    lines = [f"# keyrank finetune, {datetime.date.today().isoformat()}: dev {DEV_MEASURES[0]} of this scorer per reader "
-             f"({n} dev queries): {measured}",
+    first = DEV_MEASURES[0]
+    measured = ", ".join(f"{s} {row[first]:.4f}" for s, row in table.items())
+    lines = [f"# keyrank finetune, {datetime.date.today().isoformat()}: dev {first} of this scorer per reader "
+             f"({n} dev queries): {measured}; the base scorer by {base['strategy']}: {base[first]:.4f}",
              "# the best is served by default; a KEYRANK_* variable of the environment overrides it"]
+    if table[chosen["default_strategy"]][first] <= base[first]:
+        lines.append(f"# {_not_better(table[chosen['default_strategy']][first], base)}")
     return "\n".join(lines + [f"{variable(k)}={v}" for k, v in chosen.items()]) + "\n"
 
 
 def markdown(readers: dict) -> str:
     """The report's closing table."""
+    base = readers["base"]
     rows = [f"| {s}{' (served)' if s == readers['best'] else ''} | {row[DEV_MEASURES[0]]:.4f} | {row[DEV_MEASURES[1]]:.4f} "
-            f"| {row['tokens_per_query']:,} |" for s, row in readers["readers"].items()]
+            f"| {row['tokens_per_query']:,} |" for s, row in [*readers["readers"].items(), (f"{base['strategy']}, the base scorer", base)]]
     return "\n".join([f"dev ({readers['dev_queries']} queries), the fine-tuned scorer:", "",
                       f"| reader | {DEV_MEASURES[0]} | {DEV_MEASURES[1]} | model tokens / query |", "| --- | ---: | ---: | ---: |",
                       *rows])

@@ -115,6 +115,9 @@ class FinetuneConfig:
     """Continue from state/latest.pt when it exists."""
     dev_max_queries: int | None = 40
     """Dev queries scored after each epoch (a fixed hash-ordered subset; None = all)."""
+    readers_max_queries: int | None = None
+    """Dev queries the ``readers`` are measured on, in the same order (None = every dev query): what is served rests
+    on more queries than the epoch kept, where 24 once chose a reader held-out data put last."""
     readers: tuple[str, ...] = ()
     """After training, the readers whose dev metrics with the new scorer choose how it is served (training/readers.py;
     `keyrank finetune` measures READERS; empty = none measured, no serving settings written)."""
@@ -150,7 +153,8 @@ class FinetuneConfig:
 
 
 def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[JudgedQuery], list[JudgedQuery]]:
-    """(train, dev) judged queries of the run's sources; dev is never trained on."""
+    """(train, dev) judged queries of the run's sources; dev is never trained on. Dev is every held-out query that
+    can be measured, in a fixed hash order: a run reads its first ``dev_max_queries`` each epoch."""
     train: list[JudgedQuery] = []
     dev: list[JudgedQuery] = []
     for task in config.tasks:
@@ -176,5 +180,5 @@ def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[
             "candidate; give each query judged non-relevant documents (grade 0, or a --run whose unjudged top documents "
             "count as non-relevant), check --relevant-from, or raise --max-queries"
         )
-    dev = sorted((q for q in dev if q.trainable), key=lambda q: zlib.crc32(q.qid.encode()))[: config.dev_max_queries]
+    dev = sorted((q for q in dev if q.trainable), key=lambda q: zlib.crc32(q.qid.encode()))
     return train, dev

@@ -58,6 +58,9 @@ class TrainingRun:
         self.mix_spec = _mix_spec(c)
         self.mixed: list[PlannedQuery] | None = None
         """The training queries planned as ``config.mix`` reads them (same order as the run's own), when mixed."""
+        self.dev_judged: list = []
+        """Every dev query (JudgedQuery), hash-ordered: each epoch reads the first ``dev_max_queries``, the readers
+        ``readers_max_queries``."""
         self.out = Path(c.out)
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         row = SELECTOR_REGISTRY.get(c.selector) if self.spec.needs_selector else None  # unknown names: refused at planning
