@@ -411,6 +411,7 @@ def test_finetune_measures_the_readers_on_dev_and_the_best_one_is_served_unless_
     table = result.readers["readers"]
     assert table["keyb2"]["nDCG@10"] > table["firstp"]["nDCG@10"], table
     base = result.readers["base"]  # beside them, the base scorer read as the service read it before
+    assert set(base["by_source"]) == set(table["keyb2"]["by_source"]) == {"trec"}
     assert base["strategy"] == Settings().default_strategy and 0 < base["nDCG@10"] <= 1
     assert result.readers["best"] == "keyb2" and result.readers["settings"]["default_strategy"] == "keyb2"
     written = (result.model_dir / CHECKPOINT_SERVING_FILE).read_text()
@@ -476,6 +477,22 @@ def test_the_readers_read_every_dev_query_while_each_epoch_reads_dev_max_queries
                                      dev_max_queries=2, progress=False, threads=2))
     _, dev = loop._plan(run, training_request(run.pipeline, "firstp"))
     assert len(run.dev_judged) > 2 and [p.judged.qid for p in dev] == [q.qid for q in run.dev_judged[:2]]
+
+
+def test_a_run_on_far_relevant_documents_also_measures_its_readers_on_a_construction_it_never_trained_on():
+    from keyrank.data.splits import dl20_held_back
+    from keyrank.tokenize import TextTokenizer
+    from keyrank.training.recipe import FinetuneConfig, readers_dev
+    from shared_data import CE_MODEL, DATASETS
+
+    if not (DATASETS / "trec-dl20-passage").is_dir() or not CE_MODEL.is_dir():
+        pytest.skip("DL20 data or the cross-encoder not found")
+    tokenizer = TextTokenizer.from_file(CE_MODEL / "tokenizer.json")
+    config = lambda **kw: FinetuneConfig(model="m", out=Path("o"), data_dir=DATASETS, **kw)
+    assert readers_dev(config(tasks=("qmsum",)), tokenizer) == []
+    built = readers_dev(config(tasks=("qmsum", "farrel"), farrel_seeds=(0, 9, 10), readers_max_queries=40), tokenizer)
+    assert len(built) == 40 and {q.qid.split(":")[0] for q in built} == {"farrel-s11"}  # the first seed not trained on
+    assert all(q.trainable and not dl20_held_back(q.group.split(":")[1]) for q in built)
 
 
 def test_a_serving_file_may_set_only_how_requests_are_read(tmp_path):

@@ -27,7 +27,7 @@ from keyrank.training import interaction, readers
 from keyrank.training.cache import PooledVectors, TeacherScores
 from keyrank.training.outputs import check_export, write_outputs, write_report
 from keyrank.training.planned import PlannedQuery, epoch_groups, plan_all, planning_strategy, training_request
-from keyrank.training.recipe import FinetuneConfig, load_judged
+from keyrank.training.recipe import FinetuneConfig, load_judged, readers_dev
 from keyrank.training.run import DEV_MEASURES, FinetuneResult, TrainingRun
 from keyrank.training.state import Position, restore_state, save_state
 
@@ -94,7 +94,8 @@ def finetune(config: FinetuneConfig | None = None, /, **kwargs) -> FinetuneResul
     if result.best_epoch is not None and (result.model_dir or result.aggregator):
         check_export(run, result, timings)
         started = time.perf_counter()
-        result.readers = readers.measure(run, result, run.dev_judged[: c.readers_max_queries], tuple(c.readers), run.out / "prepared")
+        dev_set = run.dev_judged[: c.readers_max_queries] + readers_dev(c, run.pipeline.tokenizer)
+        result.readers = readers.measure(run, result, dev_set, tuple(c.readers), run.out / "prepared")
         timings["readers_s"] = time.perf_counter() - started
     result.finished = True
     write_report(run, result, timings, len(train), len(dev))

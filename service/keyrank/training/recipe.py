@@ -27,6 +27,10 @@ READERS = ("keyb2-blocks", "keyb2", "maxp", "parade-avg")
 one-input-per-document sibling, and the windows read whole (max, and PARADE's mean of pooled vectors). The first
 wins a tie."""
 
+READERS_FARREL_SEED = 9
+"""The far-relevant construction the readers are also measured on when a run trains on far-relevant documents
+(``readers_dev``): the train topics built again with this seed (the next one a run does not train with)."""
+
 TREC_DEV_SALT = "keyrank/trec-dev/"
 """Salt of the dev carve-out of TREC-file queries (by query id)."""
 
@@ -182,3 +186,19 @@ def load_judged(config: FinetuneConfig, tokenizer: TextTokenizer) -> tuple[list[
         )
     dev = sorted((q for q in dev if q.trainable), key=lambda q: zlib.crc32(q.qid.encode()))
     return train, dev
+
+
+def readers_dev(config: FinetuneConfig, tokenizer: TextTokenizer) -> list[JudgedQuery]:
+    """Far-relevant documents the readers are measured on beside the dev queries, when the run trains on them: the
+    DL20 train topics (the held-back ones are reported, never read) built with other inserts and filler than any
+    training construction. The topics are training topics, which flatters every reader alike; what it measures is
+    how a reader bears a relevant passage far into a document, which QMSum's dev meetings do not test (PARADE-avg's
+    mean of windows reads 0.54 there against keyb2-blocks' 0.86 with the base scorer). Empty for other runs."""
+    if "farrel" not in config.tasks:
+        return []
+    seed = READERS_FARREL_SEED
+    while seed in config.farrel_seeds:
+        seed += 1
+    built, _ = splits.build("farrel", config.data_dir, tokenizer, seed=seed, offsets=config.farrel_offsets)
+    return [q for q in built if q.trainable][: config.readers_max_queries]
+
