@@ -27,7 +27,7 @@ from keyrank.training.run import DEV_MEASURES, FinetuneResult, TrainingRun
 def measure(run: TrainingRun, result: FinetuneResult, dev: Sequence[JudgedQuery], readers: tuple[str, ...],
             prepared: Path) -> dict | None:
     """Dev nDCG@10 (and RR@10, model tokens per query) of each reader with the checkpoint prepared in ``prepared``,
-    and of the base scorer with the strategy served before (``default_strategy``); writes the best reader's settings
+    and of the starting checkpoint (``--model``) with the strategy served before (``default_strategy``); writes the best reader's settings
     beside the checkpoint and into ``prepared``, and says so when no reader of the new scorer beats the base one.
     None when there is nothing to measure (no checkpoint, no dev queries, no readers)."""
     from keyrank.reranker import Reranker
@@ -83,8 +83,8 @@ def source_of(qid: str) -> str:
 
 
 def _not_better(best: float, base: dict) -> str:
-    return (f"no reader of the fine-tuned scorer beats the base scorer read by {base['strategy']} on dev ({best:.4f} <= "
-            f"{base[DEV_MEASURES[0]]:.4f}): serving the base model keeps the better ranking")
+    return (f"no reader of the fine-tuned scorer beats the starting scorer read by {base['strategy']} on dev ({best:.4f} <= "
+            f"{base[DEV_MEASURES[0]]:.4f}): serving the starting model keeps the better ranking")
 
 
 def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: int) -> str:
@@ -92,7 +92,7 @@ def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: 
     first = DEV_MEASURES[0]
     measured = ", ".join(f"{s} {row[first]:.4f}" for s, row in table.items())
     lines = [f"# keyrank finetune, {datetime.date.today().isoformat()}: dev {first} of this scorer per reader "
-             f"({n} dev queries): {measured}; the base scorer by {base['strategy']}: {base[first]:.4f}",
+             f"({n} dev queries): {measured}; the starting scorer by {base['strategy']}: {base[first]:.4f}",
              "# the best is served by default; a KEYRANK_* variable of the environment overrides it"]
     if table[chosen["default_strategy"]][first] <= base[first]:
         lines.append(f"# {_not_better(table[chosen['default_strategy']][first], base)}")
@@ -106,7 +106,7 @@ def markdown(readers: dict) -> str:
     rows = [f"| {s}{' (served)' if s == readers['best'] else ''} | {row[DEV_MEASURES[0]]:.4f} | "
             + "".join(f"{row['by_source'][source]:.4f} | " for source in sources)
             + f"{row[DEV_MEASURES[1]]:.4f} | {row['tokens_per_query']:,} |"
-            for s, row in [*readers["readers"].items(), (f"{base['strategy']}, the base scorer", base)]]
+            for s, row in [*readers["readers"].items(), (f"{base['strategy']}, the starting scorer", base)]]
     return "\n".join([f"dev ({readers['dev_queries']} queries), the fine-tuned scorer:", "",
                       f"| reader | {DEV_MEASURES[0]} (mean of the sources) | " + "".join(f"{s} | " for s in sources)
                       + f"{DEV_MEASURES[1]} | model tokens / query |", "| --- | ---: | " + "---: | " * len(sources) + "---: | ---: |",
