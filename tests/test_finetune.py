@@ -260,7 +260,8 @@ def test_the_command_line_mixes_as_asked_and_alone_by_default():
     from keyrank.training.cli import config_from, parser
 
     base = ["--model", "m", "--out", "o", "--task", "qmsum", "--strategy", "keyb2-blocks"]
-    assert (config_from(parser().parse_args(base)).mix, config_from(parser().parse_args(base)).mix_weight) == (None, 1.0)
+    alone = config_from(parser().parse_args(base))
+    assert (alone.mix, alone.mix_weight) == (None, 1.0)
     mixed = config_from(parser().parse_args([*base, "--mix", "keyb2", "--mix-weight", "0.5"]))
     assert (mixed.strategy, mixed.mix, mixed.mix_weight) == ("keyb2-blocks", "keyb2", 0.5)
     with pytest.raises(SystemExit):

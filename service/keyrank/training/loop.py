@@ -107,7 +107,9 @@ def _log(message: str) -> None:
 
 
 def _plan(run: TrainingRun, resolved: Resolved) -> tuple[list[PlannedQuery], list[PlannedQuery]]:
-    """The training and dev queries, planned by the serving pipeline under the run's one ``resolved`` request."""
+    """The training and dev queries, planned by the serving pipeline under the run's one ``resolved`` request (dev:
+    the first ``dev_max_queries``); keeps every dev query in ``run.dev_judged`` and, for a mixed run, the training
+    queries as ``mix`` reads them in ``run.mixed``."""
     c = run.config
     train_j, run.dev_judged = load_judged(c, run.pipeline.tokenizer)
     dev_j = run.dev_judged[: c.dev_max_queries]

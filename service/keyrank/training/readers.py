@@ -28,7 +28,7 @@ def measure(run: TrainingRun, result: FinetuneResult, dev: Sequence[JudgedQuery]
             prepared: Path) -> dict | None:
     """Dev nDCG@10 (and RR@10, model tokens per query) of each reader with the checkpoint prepared in ``prepared``,
     and of the starting checkpoint (``--model``) with the strategy served before (``default_strategy``); writes the best reader's settings
-    beside the checkpoint and into ``prepared``, and says so when no reader of the new scorer beats the base one.
+    beside the checkpoint and into ``prepared``, and says so when no reader of the new scorer beats the starting one.
     None when there is nothing to measure (no checkpoint, no dev queries, no readers)."""
     from keyrank.reranker import Reranker
 
@@ -46,11 +46,12 @@ def measure(run: TrainingRun, result: FinetuneResult, dev: Sequence[JudgedQuery]
     first = DEV_MEASURES[0]
     best = max(readers, key=lambda s: (table[s][first], -readers.index(s)))
     chosen = {"default_strategy": best, "default_selector": selector}
-    text = serving_file(chosen, table, base, len(queries))
+    warning = _not_better(table[best][first], base) if table[best][first] <= base[first] else None
+    text = serving_file(chosen, table, base, len(queries), warning)
     (result.model_dir / CHECKPOINT_SERVING_FILE).write_text(text)
     (prepared / "gateway" / SERVING_FILE).write_text(text)
-    if table[best][first] <= base[first]:
-        _log(f"warning: {_not_better(table[best][first], base)}")
+    if warning:
+        _log(f"warning: {warning}")
     return {"dev_queries": len(queries), "readers": table, "best": best, "settings": chosen, "base": base}
 
 
@@ -87,15 +88,16 @@ def _not_better(best: float, base: dict) -> str:
             f"{base[DEV_MEASURES[0]]:.4f}): serving the starting model keeps the better ranking")
 
 
-def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: int) -> str:
-    """``KEYRANK_*=value`` lines, after comments that say what they rest on."""
+def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: int, warning: str | None = None) -> str:
+    """``KEYRANK_*=value`` lines, after comments that say what they rest on (and ``warning``, when the starting
+    scorer reads better)."""
     first = DEV_MEASURES[0]
     measured = ", ".join(f"{s} {row[first]:.4f}" for s, row in table.items())
     lines = [f"# keyrank finetune, {datetime.date.today().isoformat()}: dev {first} of this scorer per reader "
              f"({n} dev queries): {measured}; the starting scorer by {base['strategy']}: {base[first]:.4f}",
              "# the best is served by default; a KEYRANK_* variable of the environment overrides it"]
-    if table[chosen["default_strategy"]][first] <= base[first]:
-        lines.append(f"# {_not_better(table[chosen['default_strategy']][first], base)}")
+    if warning:
+        lines.append(f"# {warning}")
     return "\n".join(lines + [f"{variable(k)}={v}" for k, v in chosen.items()]) + "\n"
 
 
