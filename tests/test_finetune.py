@@ -507,3 +507,46 @@ def test_a_serving_file_may_set_only_how_requests_are_read(tmp_path):
     (gateway / SERVING_FILE).write_text("# a comment\nKEYRANK_DEFAULT_STRATEGY=no-such-reader\n")
     with pytest.raises(BadSetting, match="serving.env.*KEYRANK_DEFAULT_STRATEGY"):
         serving_defaults(Settings(model_dir=tmp_path))
+
+
+def test_serve_and_the_gateway_repeat_finetunes_warning_that_the_starting_scorer_reads_better(toy, tmp_path, monkeypatch,
+                                                                                               capsys, caplog):
+    """When no reader of a fine-tuned scorer beats the scorer it started from, the serving file says so, and whoever
+    serves that folder is told when the service starts: `keyrank serve` on stderr, the gateway in its log. A file
+    without the warning makes neither say anything."""
+    import logging
+
+    from fastapi.testclient import TestClient
+
+    from keyrank import cli
+    from keyrank.api.app import create_app
+    from keyrank.config import SERVING_FILE, serving_warnings
+    from keyrank.modelserver import launcher
+    from keyrank.prepare.export import prepare
+    from keyrank.reranker import Reranker
+    from keyrank.training import readers
+
+    table = {"keyb2-blocks": {"nDCG@10": 0.8603}, "maxp": {"nDCG@10": 0.6956}}
+    base = {"strategy": "keyb2-blocks", "nDCG@10": 0.8704}
+    chosen = {"default_strategy": "keyb2-blocks", "default_selector": "bm25"}
+    warning = readers._not_better(0.8603, base, "../models/start")
+    assert "0.8603 <= 0.8704" in warning and "keyrank prepare --model ../models/start" in warning
+
+    served = tmp_path / "served"
+    prepare(str(toy["model"]), served, bi_encoder=None, cpu_variant="fp32")
+    path = served / "gateway" / SERVING_FILE
+    path.write_text(readers.serving_file(chosen, table, base, 220, None))
+    assert serving_warnings(Settings(model_dir=served)) == []
+    path.write_text(readers.serving_file(chosen, table, base, 220, warning))
+    assert serving_warnings(Settings(model_dir=served)) == [f"{path}: {warning}"]
+
+    started = {}
+    monkeypatch.setattr(launcher, "serve", lambda settings: started.setdefault("settings", settings) and 0)
+    cli.main(["serve", "--model-dir", str(served)])
+    assert started["settings"].default_strategy == "keyb2-blocks"  # still served as the file says, and told
+    assert f"keyrank serve: warning: {path}: {warning}" in capsys.readouterr().err
+
+    with Reranker.local(served) as reranker, caplog.at_level(logging.WARNING, logger="keyrank.api"):
+        with TestClient(create_app(Settings(model_dir=served), reranker=reranker)):
+            pass
+    assert [r.getMessage() for r in caplog.records if r.name == "keyrank.api"] == [f"{path}: {warning}"]

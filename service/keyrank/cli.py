@@ -20,6 +20,7 @@ from keyrank.config import (
     environment_settings,
     get_settings,
     serving_defaults,
+    serving_warnings,
     variable,
 )
 
@@ -102,6 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"keyrank serve: {settings.gateway_dir / SERVING_FILE} sets "
               + ", ".join(f"{variable(k)}={v}" for k, v in taken.items())
               + " (what this model was measured best with; a KEYRANK_* variable overrides it)", flush=True)
+    for warning in serving_warnings(settings):  # finetune measured the model it started from reading better
+        print(f"keyrank serve: warning: {warning}", file=sys.stderr, flush=True)
     settings.check_files()  # before Triton starts, not as a traceback once the gateway loads them
     return serve(settings)
 

@@ -320,6 +320,9 @@ SERVING_FILE = "serving.env"
 """In a prepared model's gateway/: the ``KEYRANK_*=value`` lines its model is best served with (``keyrank finetune``
 measures the readers of a fine-tuned scorer on dev and writes the best one's; `keyrank prepare` copies them from the
 checkpoint folder). Below the environment, the env file and the command line: a setting given there wins."""
+SERVING_WARNING = "# warning: "
+"""A ``SERVING_FILE`` comment that `keyrank serve` and the gateway repeat when they start: ``keyrank finetune``
+writes one when no reader of the new scorer beats the starting scorer on dev."""
 SERVABLE_FROM_MODEL = frozenset({"default_strategy", "default_selector"})
 """The settings a model folder's ``SERVING_FILE`` may set: how requests that name none are read."""
 
@@ -349,6 +352,16 @@ def serving_defaults(settings: Settings, given: Collection[str] = ()) -> tuple[S
         return settings.with_overrides(**taken), taken
     except ValueError as exc:
         raise BadSetting(f"{path}: {bad_setting(exc) or exc}") from None
+
+
+def serving_warnings(settings: Settings) -> list[str]:
+    """The ``SERVING_WARNING`` lines of the ``SERVING_FILE`` of the folder ``settings`` serve, each after the file's
+    path."""
+    path = settings.gateway_dir / SERVING_FILE
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [f"{path}: {line.removeprefix(SERVING_WARNING).strip()}" for line in lines if line.startswith(SERVING_WARNING)]
 
 
 def environment_settings() -> Settings:

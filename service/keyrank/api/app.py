@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,10 +21,11 @@ from keyrank.api.probes import router as probes
 from keyrank.api.routes import cohere, infinity, jina, native, openai, served_names, tei
 from keyrank.api.served import served_models
 from keyrank.blank import warm_up
-from keyrank.config import Settings, get_settings
+from keyrank.config import Settings, get_settings, serving_warnings
 from keyrank.reranker import Reranker
 
 SUMMARY = "Re-ranking for long documents: key blocks (KeyB2), MaxP and PARADE on a Triton cross-encoder."
+log = logging.getLogger("keyrank.api")
 DIALECTS: tuple[Dialect, ...] = (native.DIALECT, jina.DIALECT, cohere.DIALECT, tei.DIALECT, infinity.DIALECT, openai.DIALECT)
 """The client dialects the gateway speaks, in the order their routes are mounted and listed on the OpenAPI page."""
 
@@ -40,6 +42,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         warm_up()  # the blank-document pattern over all of Unicode: built here, not by the first request
+        for folder in [settings.for_model(n, f) for n, f in served.items()] or [settings]:
+            for warning in serving_warnings(folder):  # finetune measured the model it started from reading better
+                log.warning("%s", warning)
         if app.state.reranker is not None:
             await served_models(app)  # keyrank_model_info: what scores each model
             yield

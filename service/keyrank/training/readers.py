@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keyrank.config import SERVING_FILE, variable
+from keyrank.config import SERVING_FILE, SERVING_WARNING, variable
 from keyrank.data.judged import JudgedQuery
 from keyrank.data.runs import per_query
 from keyrank.prepare.export import CHECKPOINT_SERVING_FILE
@@ -46,7 +46,7 @@ def measure(run: TrainingRun, result: FinetuneResult, dev: Sequence[JudgedQuery]
     first = DEV_MEASURES[0]
     best = max(readers, key=lambda s: (table[s][first], -readers.index(s)))
     chosen = {"default_strategy": best, "default_selector": selector}
-    warning = _not_better(table[best][first], base) if table[best][first] <= base[first] else None
+    warning = _not_better(table[best][first], base, run.config.model) if table[best][first] <= base[first] else None
     text = serving_file(chosen, table, base, len(queries), warning)
     (result.model_dir / CHECKPOINT_SERVING_FILE).write_text(text)
     (prepared / "gateway" / SERVING_FILE).write_text(text)
@@ -83,9 +83,10 @@ def source_of(qid: str) -> str:
     return qid.split(":", 1)[0] if ":" in qid else "dev"
 
 
-def _not_better(best: float, base: dict) -> str:
+def _not_better(best: float, base: dict, model: str) -> str:
     return (f"no reader of the fine-tuned scorer beats the starting scorer read by {base['strategy']} on dev ({best:.4f} <= "
-            f"{base[DEV_MEASURES[0]]:.4f}): serving the starting model keeps the better ranking")
+            f"{base[DEV_MEASURES[0]]:.4f}): serving the starting model ({model}, `keyrank prepare --model {model}`) "
+            f"keeps the better ranking")
 
 
 def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: int, warning: str | None = None) -> str:
@@ -97,7 +98,7 @@ def serving_file(chosen: dict[str, str], table: dict[str, dict], base: dict, n: 
              f"({n} dev queries): {measured}; the starting scorer by {base['strategy']}: {base[first]:.4f}",
              "# the best is served by default; a KEYRANK_* variable of the environment overrides it"]
     if warning:
-        lines.append(f"# {warning}")
+        lines.append(f"{SERVING_WARNING}{warning}")
     return "\n".join(lines + [f"{variable(k)}={v}" for k, v in chosen.items()]) + "\n"
 
 
