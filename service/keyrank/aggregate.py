@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("single", "max", "sum", "mean", "lse", "parade-max", "parade-avg", "parade-mix", "trained")
+METHODS = ("single", "max", "sum", "mean", "lse", "parade-max", "parade-avg", "trained")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,6 @@ def aggregate(
         pooled = np.asarray(pooled, dtype=np.float64)
         if method == "parade-max":
             folded = np.maximum.reduceat(pooled, firsts, axis=0)
-        elif method == "parade-mix":  # PROTOTYPE: the mean of the max and the mean pooled vectors
-            folded = (np.maximum.reduceat(pooled, firsts, axis=0) + np.add.reduceat(pooled, firsts, axis=0) / counts[:, None]) / 2
         else:
             folded = np.add.reduceat(pooled, firsts, axis=0) / counts[:, None]
         scores = head(folded)

@@ -142,7 +142,3 @@ def markdown_table() -> str:
         rows.append(f"| `{spec.name}` | {spec.cut.name} | {spec.summary} | {', '.join(needs) or '-'} |")
     return "\n".join(rows)
 
-import os as _os  # PROTOTYPE: PROTO_BLOCKS_FOLD=parade-mix folds keyb2-blocks' pooled vectors instead of log-sum-exp
-if _os.environ.get("PROTO_BLOCKS_FOLD"):
-    from dataclasses import replace as _replace
-    REGISTRY["keyb2-blocks"] = _replace(REGISTRY["keyb2-blocks"], aggregation=_os.environ["PROTO_BLOCKS_FOLD"], needs_pooled=True)

@@ -140,8 +140,6 @@ def fold(method: str, relevance: torch.Tensor, pooled: torch.Tensor | None, doc_
     if method == "trained":
         padded, mask = pad_pooled(pooled, doc_of, n_docs)
         return aggregator(padded, mask)
-    if method == "parade-mix":  # PROTOTYPE
-        return head((fold_pooled("parade-max", pooled, doc_of, n_docs) + fold_pooled("parade-avg", pooled, doc_of, n_docs)) / 2)
     if method in ("parade-max", "parade-avg"):
         if pooled is None or head is None:
             raise ValueError(f"{method} needs the pooled vectors and the classifier head")
@@ -164,9 +162,3 @@ def pad_pooled(pooled: torch.Tensor, doc_of: np.ndarray, n_docs: int) -> tuple[t
     padded = padded.index_put((rows, cols), pooled)
     mask[rows, cols] = 1.0
     return padded, mask
-
-
-def fold_pooled(method, pooled, doc_of, n_docs):  # PROTOTYPE
-    index = torch.as_tensor(doc_of, device=pooled.device)[:, None].expand_as(pooled)
-    init = torch.full((n_docs, pooled.shape[1]), float("-inf") if method == "parade-max" else 0.0, device=pooled.device, dtype=pooled.dtype)
-    return init.scatter_reduce(0, index, pooled, reduce="amax" if method == "parade-max" else "mean", include_self=method == "parade-max")
