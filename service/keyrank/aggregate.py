@@ -93,6 +93,14 @@ def aggregate(
     return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=best)
 
 
+def length_calibrated(logits: np.ndarray, lengths: np.ndarray, bias: float) -> np.ndarray:
+    """``logits`` + ``bias`` x ln(``lengths`` / 128): keyb2-blocks' inputs weighed by their length before log-sum-exp
+    (``keyb2_blocks_length_bias``); the logits themselves when ``bias`` is 0."""
+    if not bias:
+        return logits
+    return np.asarray(logits, dtype=np.float64) + bias * np.log(np.asarray(lengths, dtype=np.float64) / 128.0)
+
+
 def fused_with_selector(scores: np.ndarray, block_scores: list[np.ndarray], weight: float) -> np.ndarray:
     """``scores`` + ``weight`` x each document's best block score, z-normalised over the documents.
 

@@ -77,6 +77,7 @@ class Settings(BaseSettings):
     keyb2_blocks: int = Field(6, ge=1, le=64, description="keyb2-blocks reads a document's this many best blocks by the selector, in short inputs with the query (keyb2_blocks_span); chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
     keyb2_blocks_span: int = Field(4, ge=1, le=8, description="keyb2-blocks reads chosen blocks that follow each other in the text together, up to this many blocks (and what fits) an input, so a passage cut across blocks keeps its context; 1 = each block alone. Chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
     keyb2_blocks_lead: int | None = Field(4, ge=0, le=63, description="keyb2-blocks: an input that does not open its document starts this many tokens before the first rare query term it holds, its blocks before that one dropped (the text before the query there is usually the end of what came before); None = whole blocks. Chosen on dev (docs/EXPERIMENTS.md, 2026-11-27).")
+    keyb2_blocks_length_bias: float = Field(0.0, ge=-2.0, le=2.0, description="keyb2-blocks: each input's logit plus this x ln(its tokens / 128) before log-sum-exp, so that a scorer fine-tuned on 512-token inputs weighs short and long inputs alike; 0 for the base scorer. `keyrank finetune` chooses it on dev for the scorer it trains and writes it into the model's serving file (docs/EXPERIMENTS.md, 2026-12-02).")
     keyb2_keep_lead: bool = Field(False, description="KeyB2 always reads block 0 (documents often state their topic first).")
     keyb2_neighbours: bool = Field(False, description="KeyB2 top blocks fill keyb2_top_share of the budget, then their neighbours are added while they fit.")
     keyb2_top_share: float = Field(0.5, gt=0.0, le=1.0, description="With keyb2_neighbours: share of the budget the top-scored blocks may fill.")
@@ -323,8 +324,9 @@ checkpoint folder). Below the environment, the env file and the command line: a 
 SERVING_WARNING = "# warning: "
 """A ``SERVING_FILE`` comment that `keyrank serve` and the gateway repeat when they start: ``keyrank finetune``
 writes one when no reader of the new scorer beats the starting scorer on dev."""
-SERVABLE_FROM_MODEL = frozenset({"default_strategy", "default_selector"})
-"""The settings a model folder's ``SERVING_FILE`` may set: how requests that name none are read."""
+SERVABLE_FROM_MODEL = frozenset({"default_strategy", "default_selector", "keyb2_blocks_length_bias"})
+"""The settings a model folder's ``SERVING_FILE`` may set: how requests that name none are read, and how its scorer's
+keyb2-blocks inputs are weighed by length."""
 
 
 def serving_defaults(settings: Settings, given: Collection[str] = ()) -> tuple[Settings, dict[str, str]]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from keyrank import metrics
-from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector
+from keyrank.aggregate import Aggregated, ClassifierHead, aggregate, fused_with_selector, length_calibrated
 from keyrank.blank import BLANK_DOCUMENT_SCORE, is_blank, is_readable_query
 from keyrank.config import Settings, get_settings
 from keyrank.errors import InvalidRequest, ModelAssetsMissing
@@ -155,6 +155,9 @@ class Reranker:
         timer = timer or StageTimer()
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
+            if spec.aggregation == "lse":  # keyb2-blocks: a fine-tuned scorer's inputs weighed by their length
+                bias = plan.resolved.settings.keyb2_blocks_length_bias
+                logits = length_calibrated(logits, [len(ids) for ids in plan.inputs.ids], bias)
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
             weight = plan.resolved.settings.keyb2_fusion_weight  # the request's settings, as resolved
             if plan.resolved.selector is not None and weight:

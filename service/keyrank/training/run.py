@@ -147,7 +147,12 @@ class TrainingRun:
                 relevance, pooled = self.encoder(Batch.of(inputs, self.pad_id, self.device))
             relevance, pooled = relevance.float(), pooled.float()
         head = getattr(self.encoder, "head", None)
-        return fold(aggregation or self.spec.aggregation, relevance, pooled, doc_of, offset, self.aggregator, head)
+        method = aggregation or self.spec.aggregation
+        bias = self.settings.keyb2_blocks_length_bias
+        if method == "lse" and bias and relevance is not None:  # as serving weighs them (aggregate.length_calibrated)
+            lengths = torch.tensor([len(ids) for ids in inputs.ids], dtype=relevance.dtype, device=relevance.device)
+            relevance = relevance + bias * torch.log(lengths / 128.0)
+        return fold(method, relevance, pooled, doc_of, offset, self.aggregator, head)
 
     def modules(self) -> list[torch.nn.Module]:
         return [m for m in (self.encoder, self.aggregator) if m is not None]
