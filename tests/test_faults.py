@@ -390,12 +390,27 @@ def test_the_model_process_peak_and_kept_memory_are_bounded_after_a_burst_of_max
     words = "the committee met again to discuss the budget and the roads while the mayor chaired".split()
     rng = random.Random(0)
     bursts = [[" ".join(rng.choice(words) for _ in range(rng.randint(200, 1200))) for _ in range(2)] for _ in range(12)]
-    (stub,) = stubs_of(embedded_triton.pid)
+    stub = _the_stub_of(embedded_triton.pid, reranker.settings.triton_model)
     with ThreadPoolExecutor(6) as pool:
         list(pool.map(lambda docs: reranker.rank("who chaired the budget meeting", docs, strategy="maxp"), bursts))
     peak, kept = status_mb(stub, "VmHWM"), status_mb(stub, "VmRSS")
     print(f"stub after a maxp burst: peak {peak:.0f} MB, kept {kept:.0f} MB")
     assert peak < 600 and kept < 400
+
+
+def _the_stub_of(triton_pid: int, model: str, settle_s: float = 30.0) -> int:
+    """The one live model process of ``model``: another model's stub may stand beside it, and so may, for a moment,
+    the stub a reload replaced while it exits (the session's server has been killed and reloaded by then)."""
+    from keyrank.modelserver.stubs import model_stubs
+
+    deadline = time.monotonic() + settle_s
+    while True:
+        live = [pid for pid in model_stubs(triton_pid, model) if alive(pid)]
+        if len(live) == 1 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(live) == 1, f"model processes of {model} after {settle_s:.0f} s: {live}"
+    return live[0]
 
 
 def test_a_fault_of_one_model_reloads_that_model_only(monkeypatch):
