@@ -182,3 +182,12 @@ def machine(monkeypatch, tmp_path):
             limit.write_text(cpu_max + "\n")
 
     return configure
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """A tiny BERT built here and TREC files whose answers only keyb2 can read (toy_judged.py), per test module."""
+    from toy_judged import tiny_bert, toy_trec
+
+    root = tmp_path_factory.mktemp("toy")
+    return {"root": root, "model": tiny_bert(root / "tiny-bert"), "trec": toy_trec(root)}

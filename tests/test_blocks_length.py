@@ -12,7 +12,6 @@ import torch
 from keyrank.aggregate import aggregate, length_calibrated
 from keyrank.config import Settings, serving_defaults
 from keyrank.pipeline import RerankOptions
-from toy_judged import tiny_bert, toy_trec
 
 QUERY = "where is the river gauge"
 DOCUMENTS = [
@@ -20,12 +19,6 @@ DOCUMENTS = [
     "a short note about the weather and nothing else",
     ("filler text about markets and trade routes. " * 40) + "the river gauge reads high in spring. " * 2,
 ]
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("blocks-length")
-    return {"root": root, "model": tiny_bert(root / "tiny-bert"), "trec": toy_trec(root)}
 
 
 @pytest.fixture(scope="module")

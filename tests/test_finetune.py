@@ -15,13 +15,7 @@ from keyrank.data.judged import from_trec
 from keyrank.pipeline import Pipeline, RerankOptions
 from keyrank.scoring import ModelInputs, Scores
 from keyrank.training.planned import plan_query, training_request
-from toy_judged import NEEDLES, tiny_bert, toy_trec
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finetune")
-    return {"root": root, "model": tiny_bert(root / "tiny-bert"), "trec": toy_trec(root)}
+from toy_judged import NEEDLES
 
 
 @pytest.fixture(scope="module")

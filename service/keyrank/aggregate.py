@@ -93,12 +93,16 @@ def aggregate(
     return Aggregated(scores=np.asarray(scores, dtype=np.float64), best=best)
 
 
+LENGTH_REFERENCE = 128
+"""The input length (tokens) ``keyb2_blocks_length_bias`` leaves unchanged: serving and training shift by ln(n / it)."""
+
+
 def length_calibrated(logits: np.ndarray, lengths: np.ndarray, bias: float) -> np.ndarray:
-    """``logits`` + ``bias`` x ln(``lengths`` / 128): keyb2-blocks' inputs weighed by their length before log-sum-exp
-    (``keyb2_blocks_length_bias``); the logits themselves when ``bias`` is 0."""
+    """``logits`` + ``bias`` x ln(``lengths`` / LENGTH_REFERENCE): keyb2-blocks' inputs weighed by their length before
+    log-sum-exp (``keyb2_blocks_length_bias``); the logits themselves when ``bias`` is 0."""
     if not bias:
         return logits
-    return np.asarray(logits, dtype=np.float64) + bias * np.log(np.asarray(lengths, dtype=np.float64) / 128.0)
+    return np.asarray(logits, dtype=np.float64) + bias * np.log(np.asarray(lengths, dtype=np.float64) / LENGTH_REFERENCE)
 
 
 def fused_with_selector(scores: np.ndarray, block_scores: list[np.ndarray], weight: float) -> np.ndarray:

@@ -155,8 +155,8 @@ class Reranker:
         timer = timer or StageTimer()
         with timer.stage("aggregate"):
             spec, docs, passages = plan.spec, plan.docs, plan.passages
-            if spec.aggregation == "lse":  # keyb2-blocks: a fine-tuned scorer's inputs weighed by their length
-                bias = plan.resolved.settings.keyb2_blocks_length_bias
+            bias = plan.resolved.settings.keyb2_blocks_length_bias
+            if spec.aggregation == "lse" and bias:  # keyb2-blocks: a fine-tuned scorer's inputs weighed by their length
                 logits = length_calibrated(logits, [len(ids) for ids in plan.inputs.ids], bias)
             folded = aggregate(spec.aggregation, plan.doc_of, logits, pooled, self.head, self._aggregator(spec))
             weight = plan.resolved.settings.keyb2_fusion_weight  # the request's settings, as resolved

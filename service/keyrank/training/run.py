@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from keyrank.aggregate import LENGTH_REFERENCE
 from keyrank.select import REGISTRY as SELECTOR_REGISTRY
 from keyrank.training import interaction, parade
 from keyrank.training.cache import PooledVectors, TeacherScores, cache_key, shaping
@@ -151,7 +152,7 @@ class TrainingRun:
         bias = self.settings.keyb2_blocks_length_bias
         if method == "lse" and bias and relevance is not None:  # as serving weighs them (aggregate.length_calibrated)
             lengths = torch.tensor([len(ids) for ids in inputs.ids], dtype=relevance.dtype, device=relevance.device)
-            relevance = relevance + bias * torch.log(lengths / 128.0)
+            relevance = relevance + bias * torch.log(lengths / LENGTH_REFERENCE)
         return fold(method, relevance, pooled, doc_of, offset, self.aggregator, head)
 
     def modules(self) -> list[torch.nn.Module]:
