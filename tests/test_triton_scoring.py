@@ -482,12 +482,18 @@ def test_a_small_request_cancels_a_heavy_batch_and_the_heavy_request_still_answe
             await asyncio.sleep(0.6)  # past the yield: the next heavy request sends full batches again
 
             async def small():
-                await asyncio.sleep(0.3)  # its first full batch is being computed
+                # Until a batch of several of its sequences is on its way: a fixed sleep raced the heavy request
+                # on a fast machine (all of it answered before the small one came, and nothing was preempted).
+                _, gate = scorer._connection()
+                while not any(rows > 1 and not call.done() for call, rows, _, _ in gate._heavy_calls):
+                    assert time.monotonic() < started + 60, "no heavy batch of several sequences was sent"
+                    await asyncio.sleep(0.001)
                 with costing(3):
                     t0 = time.monotonic()
                     await scorer.score(ModelInputs(ids[:2], types[:2]), want_pooled=False, deadline=time.monotonic() + 60)
                     return time.monotonic() - t0
 
+            started = time.monotonic()
             with costing(100):
                 heavy, small_s = await asyncio.gather(
                     scorer.score(inputs, want_pooled=False, deadline=time.monotonic() + 120), small())
