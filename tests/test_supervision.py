@@ -242,3 +242,49 @@ def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prep
         assert time.monotonic() - stopped > 1.5  # not before hang_after_s
         assert triton.admin.probe_inference(triton.model, timeout=10) is None
 
+
+
+def test_a_fault_seen_on_a_server_that_a_restart_replaced_leaves_its_successor_serving(prepared_models):
+    # CI saw it: a test killed and restarted the session's Triton while the supervisor repaired a fault it had
+    # seen on the old server; its unload reached the new server, and requests found "unknown model".
+    import threading
+
+    from keyrank.config import Settings
+    from keyrank.modelserver.embedded import EmbeddedTriton
+    from keyrank.modelserver.supervision import Fault, Repair, Supervisor
+
+    with EmbeddedTriton(settings=Settings(model_dir=prepared_models), supervise=False) as triton:
+        supervisor = Supervisor(triton, tick_s=0.05, probe_every_s=60.0)  # not started: the test drives it
+        old = triton.pid
+        landed = []  # the server each unload reached
+        restarted = threading.Event()
+        unload = triton.admin.unload
+
+        def unload_after_the_restart(model):
+            restarted.wait(60)  # as if the request were slow: it lands once the restart is done
+            landed.append(triton.pid)
+            return unload(model)
+
+        triton.admin.unload = unload_after_the_restart
+        fault = Fault(Repair.RELOAD, "model process died (Python backend stub pid 1)", (triton.model,), server_pid=old)
+        with triton.lifecycle:  # an operator's restart, begun after the fault was seen
+            repair = threading.Thread(target=supervisor.repair, args=(fault,))
+            repair.start()
+            time.sleep(0.3)  # the repair has read which server it repairs
+            triton.restart_locked(120)
+            restarted.set()
+        repair.join(60)
+        triton.admin.unload = unload
+        assert not repair.is_alive()
+        assert triton.pid != old
+        assert old not in landed and triton.pid not in landed, landed  # nothing unloaded the successor's model
+        assert triton.admin.model_ready(triton.model)
+        assert triton.admin.probe_inference(triton.model, timeout=10) is None
+        assert supervisor.repairs == []  # the successor needed no repair
+
+        # A probe that failed on the old server (unreachable while it stopped) blames nothing on its successor;
+        # the same failure seen on the server that runs is a fault.
+        supervisor._prober.last_error = (time.monotonic(), "unreachable", (triton.model,), old)
+        assert supervisor.diagnose() is None
+        supervisor._prober.last_error = (time.monotonic(), "unreachable", (triton.model,), triton.pid)
+        assert supervisor.diagnose() is not None

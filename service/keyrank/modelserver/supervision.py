@@ -148,8 +148,9 @@ class _InferenceProber(threading.Thread):
         self.every_s = every_s
         self.timeout_s = timeout_s
         self.stopping = stopping
-        self.last_error: tuple[float, str, tuple[str, ...]] | None = None
-        """(monotonic time it was sent, error, the models that failed it) of the latest failed probe; None after a success."""
+        self.last_error: tuple[float, str, tuple[str, ...], int | None] | None = None
+        """(monotonic time it was sent, error, the models that failed it, the server process it was sent to) of the
+        latest failed probe; None after a success."""
         self.hung_models: tuple[str, ...] = ()
         """The models whose probe timed out last (what the hang clock blames)."""
         self.hang = HangClock()
@@ -166,6 +167,7 @@ class _InferenceProber(threading.Thread):
                 self.hang.answered()
                 continue
             started = time.monotonic()  # a probe sent before a repair must not blame the repaired model
+            pid = self.triton.pid  # nor one sent to a server that a restart has replaced since
             admin, graphs = self.triton.admin, self.triton.graphs
             errors = {model: admin.probe_inference(model, self.timeout_s, graph=model in graphs)
                       for model in self.triton.watched}
@@ -178,7 +180,7 @@ class _InferenceProber(threading.Thread):
             self.hang.answered()
             failed = {model: error for model, error in errors.items() if error is not None}
             message = "; ".join(f"{m}: {e}" if len(errors) > 1 else e for m, e in failed.items())
-            self.last_error = (started, message, tuple(failed)) if failed else None
+            self.last_error = (started, message, tuple(failed), pid) if failed else None
 
 
 class Supervisor(threading.Thread):
@@ -268,7 +270,7 @@ class Supervisor(threading.Thread):
                 if not triton.admin.model_ready(model):
                     return Fault(Repair.RELOAD, f"model {model!r} is not ready", (model,))
         error = self._prober.last_error
-        if error is not None and error[0] > self._repaired_at:
+        if error is not None and error[0] > self._repaired_at and error[3] == pid:
             return Fault(Repair.RELOAD, f"probe inference failed: {error[1]}", error[2])
         hung = self._prober.hung_since
         if hung is not None and hung > self._repaired_at and now - hung > self.hang_after_s:
@@ -343,8 +345,12 @@ class Supervisor(threading.Thread):
         # strategies) serving.
         scope = tuple(m for m in triton.watched if m in fault.models) or tuple(triton.watched)
         if how is Repair.RELOAD and not replaced:
-            for model in scope:
-                triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
+            # Under the lock and only on the server that faulted: a restart (a test, an operator) between the
+            # check above and this unload would otherwise have it unload the model its successor just loaded.
+            with triton.lifecycle:
+                if triton.pid == seen_pid:
+                    for model in scope:
+                        triton.admin.unload(model)  # /readyz 503 now, whatever the backoff below
         while not self.stopping.is_set() and triton.wanted:
             if self._failures >= self.max_repairs:
                 self._give_up(fault)
