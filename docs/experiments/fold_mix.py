@@ -4,9 +4,10 @@
         runs/eval/kbf-qtd kbf-lse-bm25 kbf-pmax-bm25
 
 For every query both systems answered, a document's score becomes the mean of its two scores (both are
-the cross-encoder's logits for the same document, so they share a scale); with --lse, their log-sum-exp.
-Prints nDCG@10 of each system and of the mix, per position bucket too, and the mix's paired bootstrap
-difference to each. A diagnostic for choosing on dev: nothing in the product changes.
+the cross-encoder's logits for the same document, so they share a scale); with --lse, their log-sum-exp (b
+shifted by --shift); with --weight W, a + W x b. Prints nDCG@10 of each system and of the mix, per position
+bucket too, and the mix's paired bootstrap difference to each and to every --against FOLDER:SYSTEM of another
+finished run. A diagnostic for choosing on dev: nothing in the product changes.
 """
 import argparse
 import json
@@ -36,6 +37,9 @@ def main():
     p.add_argument("--filler", default="other-topics")
     p.add_argument("--model-dir", default="models")
     p.add_argument("--lse", action="store_true", help="log-sum-exp of the two scores instead of their mean")
+    p.add_argument("--shift", type=float, default=0.0, help="with --lse: added to b's score first")
+    p.add_argument("--weight", type=float, help="a + WEIGHT x b instead of the mean")
+    p.add_argument("--against", action="append", default=[], help="FOLDER:SYSTEM of another run, for a paired difference")
     args = p.parse_args()
     tok = Pipeline.from_model_dir(Settings(model_dir=Path(args.model_dir))).tokenizer
     queries = tasks.build(args.task, Path("../shared/datasets"), tok, split=args.split, seed=args.seed,
@@ -47,16 +51,20 @@ def main():
         return {x["qid"]: x["scores"] for x in data["runs"] if x["scores"]}
 
     sa, sb = load(args.run, args.a), load(args.b_run or args.run, args.b)
-    qs = [q for q in queries if q.qid in sa and q.qid in sb]
+    others = {spec: load(*spec.rsplit(":", 1)) for spec in args.against}
+    qs = [q for q in queries if q.qid in sa and q.qid in sb and all(q.qid in o for o in others.values())]
     qids = [q.qid for q in qs]
 
     def mixed(x, y):
-        return np.logaddexp(x, y) if args.lse else (x + y) / 2
+        if args.lse:
+            return np.logaddexp(x, y + args.shift)
+        return x + args.weight * y if args.weight is not None else (x + y) / 2
 
     systems = {
         args.a: sa,
         args.b: sb,
         "mix": {qid: {d: mixed(sa[qid][d], sb[qid][d]) for d in sa[qid]} for qid in sa if qid in sb},
+        **others,
     }
     ndcg = {}
     for name, scores in systems.items():
@@ -69,7 +77,7 @@ def main():
         by = " / ".join(f"{arr[[q.bucket == b for q in qs]].mean():.3f}" for b in buckets)
         line = f"  {name:<20} nDCG@10 {arr.mean():.4f}  ({by})"
         if name == "mix":
-            for other in (args.a, args.b):
+            for other in (args.a, args.b, *others):
                 mean, lo, hi, _ = paired_difference(dict(zip(qids, arr)), dict(zip(qids, ndcg[other])))
                 line += f"  - {other} {mean:+.4f} [{lo:+.4f}, {hi:+.4f}]"
         print(line, flush=True)
