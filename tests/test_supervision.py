@@ -243,7 +243,6 @@ def test_a_model_process_that_stops_executing_is_declared_hung_and_repaired(prep
         assert triton.admin.probe_inference(triton.model, timeout=10) is None
 
 
-
 def test_a_fault_seen_on_a_server_that_a_restart_replaced_leaves_its_successor_serving(prepared_models):
     # CI saw it: a test killed and restarted the session's Triton while the supervisor repaired a fault it had
     # seen on the old server; its unload reached the new server, and requests found "unknown model".

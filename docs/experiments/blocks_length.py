@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 
 from keyrank import reranker
-from keyrank.aggregate import Aggregated, aggregate
+from keyrank.aggregate import Aggregated, aggregate, length_calibrated
 from keyrank.evaluation import cli
 from keyrank.strategies import REGISTRY
 
@@ -37,10 +37,11 @@ def fold(self, plan, logits, pooled, timer=None):
 
 
 def folded(method, doc_of, logits, pooled, head, trained):
-    """``aggregate``, and ``lc<b>``: log-sum-exp of the logits shifted by b x ln(length / 128)."""
+    """``aggregate``, and ``lc<b>``: log-sum-exp of the logits shifted by b x ln(length / 128), as
+    ``keyb2_blocks_length_bias`` = b serves them (``aggregate.length_calibrated``)."""
     if not method.startswith("lc"):
         return aggregate(method, doc_of, logits, pooled, head, trained)
-    shifted = np.asarray(logits, dtype=np.float64) + float(method[2:]) * np.log(_lengths["plan"] / 128.0)
+    shifted = length_calibrated(logits, _lengths["plan"], float(method[2:]))
     return Aggregated(scores=aggregate("lse", doc_of, shifted).scores, best=aggregate("max", doc_of, logits).best)
 
 
